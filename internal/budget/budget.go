@@ -1,0 +1,118 @@
+// Package budget is the single source of truth for k7's latency budgets.
+//
+// Each entry names an operation of one engine, the typical latency measured
+// on the project's machine kind (2 cores, nested PVM, Debian 12) and the
+// budget, about twice the typical value. Integration tests and `k7 bench`
+// import this table; no other file in the tree holds a budget number.
+//
+// Tests assert the daemon-side latency (latency_ns in each API answer), not
+// the client's round trip, and judge the median of several samples.
+package budget
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Op names a measured operation. The strings appear in bench output.
+type Op string
+
+// Operations.
+const (
+	CreateToExec  Op = "create_to_exec" // create → first exec answered
+	ExecRoundTrip Op = "exec_rtt"       // exec of /bin/true through the agent
+	Pause         Op = "pause"
+	Resume        Op = "resume"
+	Delete        Op = "delete"
+	ForkIdle      Op = "fork_idle"    // fork → child's first exec answered, idle source
+	Fork256M      Op = "fork_256m"    // same with 256 MiB in tmpfs
+	FanOut10      Op = "fanout_10"    // fork -n 10 → all children answered
+	SourcePause   Op = "source_pause" // how long the source is paused by a fork
+	Snapshot      Op = "snapshot"
+	Restore       Op = "restore" // snapshot restore → child answered
+)
+
+// Budget is the latency expectation for one operation of one engine.
+type Budget struct {
+	Engine  string
+	Op      Op
+	Typical time.Duration // median measured on the reference machine kind
+	Limit   time.Duration // about 2× Typical; a median above it is a miss
+}
+
+const ms = time.Millisecond
+
+var table = []Budget{
+	{"gvisor", CreateToExec, 110 * ms, 250 * ms},
+	{"gvisor", ExecRoundTrip, 3 * ms, 10 * ms},
+	{"gvisor", Pause, 10 * ms, 25 * ms},
+	{"gvisor", Resume, 10 * ms, 25 * ms},
+	{"gvisor", Delete, 30 * ms, 80 * ms},
+	{"gvisor", ForkIdle, 120 * ms, 250 * ms},
+	{"gvisor", Fork256M, 400 * ms, 800 * ms},
+	{"gvisor", FanOut10, 1500 * ms, 3000 * ms},
+	{"gvisor", SourcePause, 40 * ms, 100 * ms},
+	{"gvisor", Snapshot, 60 * ms, 150 * ms},
+	{"gvisor", Restore, 150 * ms, 300 * ms},
+}
+
+// Lookup returns the budget of op on engine.
+func Lookup(engine string, op Op) (Budget, bool) {
+	for _, b := range table {
+		if b.Engine == engine && b.Op == op {
+			return b, true
+		}
+	}
+	return Budget{}, false
+}
+
+// All returns a copy of the table.
+func All() []Budget { return slices.Clone(table) }
+
+// Median returns the median of samples (0 for none).
+func Median(samples []time.Duration) time.Duration {
+	if len(samples) == 0 {
+		return 0
+	}
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// Report describes samples against the budget in one line.
+func (b Budget) Report(samples []time.Duration) string {
+	s := slices.Clone(samples)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return fmt.Sprintf("%s/%s: no samples (budget %v)", b.Engine, b.Op, b.Limit)
+	}
+	return fmt.Sprintf("%s/%s: median %v (min %v, max %v, n=%d), budget %v, typical %v",
+		b.Engine, b.Op, Median(s).Round(10*time.Microsecond), s[0].Round(10*time.Microsecond),
+		s[len(s)-1].Round(10*time.Microsecond), len(s), b.Limit, b.Typical)
+}
+
+// TB is the part of testing.TB that Check uses.
+type TB interface {
+	Helper()
+	Logf(format string, args ...any)
+	Errorf(format string, args ...any)
+}
+
+// Check logs the measured figure next to the budget and fails t when the
+// median of samples is above the budget. Unknown operations fail t.
+func Check(t TB, engine string, op Op, samples []time.Duration) {
+	t.Helper()
+	b, ok := Lookup(engine, op)
+	if !ok {
+		t.Errorf("budget: no budget for %s/%s", engine, op)
+		return
+	}
+	t.Logf("budget: %s", b.Report(samples))
+	if m := Median(samples); len(samples) == 0 || m > b.Limit {
+		t.Errorf("budget missed: %s", b.Report(samples))
+	}
+}
