@@ -39,7 +39,9 @@ var Platform = ggcrv1.Platform{OS: "linux", Architecture: "amd64"}
 // rootfs cache unless an image with the same ID is there already, and points
 // ref at it. An unknown repository or manifest is ErrNotFound, refused
 // credentials ErrUnauthorized, an unreachable registry ErrUnavailable.
-// Concurrent pulls of one image download and unpack it once.
+// Concurrent pulls of one image download and unpack it once. When ref
+// named another image before, that image stays (it may have sandboxes
+// running on it), without the ref, until removed by ID or RemoveAll.
 func (s *Store) Pull(ctx context.Context, ref string, opts PullOptions) (*v1.Image, error) {
 	if isBusybox(ref) {
 		img, err := s.ensureBusybox(ctx)
