@@ -323,3 +323,14 @@ func TestParseCpArg(t *testing.T) {
 		}
 	}
 }
+
+func TestDaemonCmdPassesArgs(t *testing.T) {
+	old := daemonMain
+	defer func() { daemonMain = old }()
+	var got []string
+	daemonMain = func(args []string) int { got = args; return 3 }
+	_, errs, code := k7(t, "unix:///nonexistent", "", "daemon", "--listen", "x", "-v")
+	if code != 3 || errs != "" || strings.Join(got, " ") != "--listen x -v" {
+		t.Errorf("daemon: exit %d, stderr %q, args %q; want 3, nothing, the flags as given", code, errs, got)
+	}
+}

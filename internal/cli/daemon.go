@@ -1,32 +1,48 @@
 package cli
 
 import (
-	"errors"
+	"strings"
 
 	"github.com/spf13/cobra"
+
+	"github.com/k7-dev/k7/internal/daemon"
 )
 
 // daemonMain runs the node daemon in the foreground with its own flags and
-// returns its exit code. It is internal/daemon.Main once that exists.
-var daemonMain func(args []string) int
+// returns its exit code; cmd/k7d runs the same function.
+var daemonMain = daemon.Main
 
 func newDaemonCmd(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "daemon [flags]",
 		Short: "Run the k7d node daemon in the foreground",
 		Long: `Run the node daemon (the same program as k7d) in the foreground. All
-arguments are the daemon's own flags; see "k7 daemon --help".`,
+arguments are the daemon's own flags; see "k7 daemon --help". k7's global
+flags (--host, -o) are ignored.`,
 		Example: `  k7 daemon
   k7 daemon --help`,
 		DisableFlagParsing: true,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if daemonMain == nil {
-				return errors.New("this k7 build has no daemon: run k7d")
-			}
-			if code := daemonMain(args); code != 0 {
+			if code := daemonMain(stripGlobalFlags(args)); code != 0 {
 				return &exitError{code: code}
 			}
 			return nil
 		},
 	}
+}
+
+// stripGlobalFlags removes k7's global flags, which cobra hands over with the
+// daemon's own when flag parsing is disabled.
+func stripGlobalFlags(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "--host" || a == "-o" || a == "--output":
+			i++ // and its value
+		case strings.HasPrefix(a, "--host=") || strings.HasPrefix(a, "--output=") || strings.HasPrefix(a, "-o="):
+		default:
+			out = append(out, a)
+		}
+	}
+	return out
 }
