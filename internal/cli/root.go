@@ -1,6 +1,7 @@
 // Package cli implements the k7 command line. Every command talks to the
-// daemon through the Go SDK; the only internal packages it uses are
-// internal/version and internal/daemon (for `k7 daemon`).
+// daemon through the Go SDK. Besides internal/version it uses internal/daemon
+// (for `k7 daemon`) and internal/bench with internal/image (for the raw-tool
+// floor of `k7 bench`, which runs on the daemon's host).
 package cli
 
 import (
@@ -165,6 +166,11 @@ http(s):// host the bearer token is read from $K7_TOKEN.`,
 		newInfoCmd(g),
 		newImageCmd(g),
 		newSystemCmd(g),
+		newForkCmd(g),
+		newSnapshotCmd(g),
+		newRestoreCmd(g),
+		newTreeCmd(g),
+		newBenchCmd(g),
 		newDaemonCmd(g),
 	)
 	return root

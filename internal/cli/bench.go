@@ -1,0 +1,135 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/k7-dev/k7/internal/bench"
+	"github.com/k7-dev/k7/internal/image"
+)
+
+func newBenchCmd(g *globals) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench COMMAND",
+		Short: "Measure k7's latencies next to the raw tools",
+	}
+	cmd.AddCommand(newBenchLifecycleCmd(g), newBenchRenderCmd(g))
+	return cmd
+}
+
+func newBenchLifecycleCmd(g *globals) *cobra.Command {
+	var (
+		cfg   bench.Config
+		out   string
+		runsc string
+	)
+	cmd := &cobra.Command{
+		Use:   "lifecycle [flags]",
+		Short: "Benchmark create, exec, pause, resume, fork, snapshot, restore, delete",
+		Long: `Run interleaved rounds of the sandbox lifecycle through the daemon (as a client
+sees it) and, for gvisor, the same operations with raw runsc commands on this
+host: the floor. Must run on the daemon's host as root for the floor.
+
+Writes the raw samples to DIR/lifecycle.json and the Markdown table to
+DIR/lifecycle.md (and stdout): median (min–max), ⚠ where (max−min)/median >
+0.30, the ratio k7 / floor, and the budget from internal/budget.`,
+		Example: `  k7 bench lifecycle --reps 5 --out out/bench
+  k7 bench lifecycle --engine gvisor --reps 10 --warmup 2 --runsc /usr/local/bin/runsc`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := ctxOf(cmd)
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			if err := c.Health(ctx); err != nil {
+				return err
+			}
+			cfg.Client = c
+			cfg.Progress = g.streams.Err
+			cfg.Command = "k7 " + strings.Join(os.Args[1:], " ")
+			if runsc == "" {
+				runsc, _ = exec.LookPath("runsc")
+			}
+			if runsc != "" {
+				dir, err := os.MkdirTemp("", "k7-bench-")
+				if err != nil {
+					return err
+				}
+				defer os.RemoveAll(dir)
+				rootfs, err := benchRootfs(ctx, dir)
+				if err != nil {
+					return err
+				}
+				cfg.Runsc, cfg.Rootfs, cfg.Dir = runsc, rootfs, dir
+			} else {
+				fmt.Fprintln(g.streams.Err, "no runsc found (--runsc): measuring without the floor")
+			}
+			r, err := bench.Lifecycle(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			if err := os.MkdirAll(out, 0o755); err != nil {
+				return err
+			}
+			if err := r.WriteJSON(filepath.Join(out, "lifecycle.json")); err != nil {
+				return err
+			}
+			f, err := os.Create(filepath.Join(out, "lifecycle.md"))
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			if err := bench.Render(f, r); err != nil {
+				return err
+			}
+			fmt.Fprintf(g.streams.Err, "wrote %s and %s\n", filepath.Join(out, "lifecycle.json"), filepath.Join(out, "lifecycle.md"))
+			return bench.Render(g.streams.Out, r)
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&cfg.Engines, "engine", []string{"gvisor"}, "engines to measure (repeatable)")
+	f.IntVar(&cfg.Reps, "reps", 5, "measured rounds")
+	f.IntVar(&cfg.Warmup, "warmup", 1, "unmeasured rounds first")
+	f.StringVar(&out, "out", "out/bench", "directory for lifecycle.json and lifecycle.md")
+	f.StringVar(&runsc, "runsc", "", "runsc binary for the floor (default: runsc in PATH)")
+	return cmd
+}
+
+// benchRootfs assembles the built-in busybox root filesystem in dir for the
+// floor's raw runsc containers.
+func benchRootfs(ctx context.Context, dir string) (string, error) {
+	st, err := image.Open(filepath.Join(dir, "images"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		return "", err
+	}
+	_, rootfs, err := st.Rootfs(ctx, "busybox")
+	return rootfs, err
+}
+
+func newBenchRenderCmd(g *globals) *cobra.Command {
+	return &cobra.Command{
+		Use:   "render FILE...",
+		Short: "Render Markdown tables from saved bench JSON",
+		Long:  "Render the tables of one or more lifecycle.json files again; the same JSON always renders to the same bytes.",
+		Args:  usageArgs(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var reports []*bench.Report
+			for _, a := range args {
+				r, err := bench.ReadJSON(a)
+				if err != nil {
+					return err
+				}
+				reports = append(reports, r)
+			}
+			return bench.Render(g.streams.Out, reports...)
+		},
+	}
+}
