@@ -148,6 +148,12 @@ func New(ctx context.Context, cfg Config, opts Options) (*Daemon, error) {
 			os.RemoveAll(filepath.Join(cfg.StateDir, "tmp", e.Name()))
 		}
 	}
+	// Snapshots whose capture was interrupted.
+	if tmps, _ := filepath.Glob(filepath.Join(cfg.StateDir, "snapshots", ".tmp-*")); len(tmps) > 0 {
+		for _, t := range tmps {
+			os.RemoveAll(t)
+		}
+	}
 	d.openEngines(opts.Engines)
 	if d.images == nil {
 		if d.images, err = openImageStore(filepath.Join(cfg.StateDir, "images"), log); err != nil {

@@ -7,6 +7,7 @@ package daemon
 import (
 	"bytes"
 	"context"
+	"encoding/hex"
 	"fmt"
 	"io"
 	"os"
@@ -193,7 +194,7 @@ func (e *testEngine) Checkpoint(ctx context.Context, req *engine.CheckpointReque
 	}
 	var size int64
 	for p, b := range sb.files {
-		f := filepath.Join(req.Dir, "files", strconv.Quote(p))
+		f := filepath.Join(req.Dir, "files", hex.EncodeToString([]byte(p)))
 		os.MkdirAll(filepath.Dir(f), 0o700)
 		if err := os.WriteFile(f, b, 0o600); err != nil {
 			return nil, err
@@ -215,12 +216,12 @@ func (e *testEngine) Restore(ctx context.Context, req *engine.RestoreRequest) er
 	files := map[string][]byte{}
 	ents, _ := os.ReadDir(filepath.Join(req.From, "files"))
 	for _, ent := range ents {
-		p, _ := strconv.Unquote(ent.Name())
+		p, _ := hex.DecodeString(ent.Name())
 		b, err := os.ReadFile(filepath.Join(req.From, "files", ent.Name()))
 		if err != nil {
 			return err
 		}
-		files[p] = b
+		files[string(p)] = b
 	}
 	if err := e.Create(ctx, &req.CreateRequest); err != nil {
 		return err
