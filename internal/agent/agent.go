@@ -69,7 +69,6 @@ type Server struct {
 	gets     map[uint32]*getFile
 	procs    map[int]*session // live commands of every epoch, by pid
 	hostname string
-	frozen   bool
 }
 
 // NewServer returns a server; call Serve to run it.
@@ -353,16 +352,17 @@ func (s *Server) cancel(ch uint32) {
 // Freeze stops (SIGSTOP) the process group of every command the agent
 // started and that is still running; Thaw continues them. They are the fake
 // engine's pause. Both may be repeated.
-func (s *Server) Freeze() error { return s.signalAll(syscall.SIGSTOP, true) }
+func (s *Server) Freeze() error { return s.signalAll(syscall.SIGSTOP) }
 
 // Thaw continues the process groups stopped by Freeze.
-func (s *Server) Thaw() error { return s.signalAll(syscall.SIGCONT, false) }
+func (s *Server) Thaw() error { return s.signalAll(syscall.SIGCONT) }
 
-func (s *Server) signalAll(sig syscall.Signal, frozen bool) error {
+// KillAll sends SIGKILL to the process group of every command the agent
+// started and that is still running (the fake engine's delete).
+func (s *Server) KillAll() error { return s.signalAll(syscall.SIGKILL) }
+
+func (s *Server) signalAll(sig syscall.Signal) error {
 	s.mu.Lock()
-	if sig == syscall.SIGSTOP || sig == syscall.SIGCONT {
-		s.frozen = frozen
-	}
 	pids := make([]int, 0, len(s.procs))
 	for pid := range s.procs {
 		pids = append(pids, pid)

@@ -16,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/creack/pty"
+	"golang.org/x/term"
+
 	"github.com/k7-dev/k7/internal/agent"
 	"github.com/k7-dev/k7/internal/agent/client"
 	"github.com/k7-dev/k7/internal/agent/proto"
@@ -644,5 +647,50 @@ func TestFreezeThaw(t *testing.T) {
 	p.Signal(context.Background(), int(syscall.SIGKILL))
 	if st, _ := p.Wait(ctxT(t, 5*time.Second)); st.Code != 137 {
 		t.Errorf("status after kill = %+v", st)
+	}
+}
+
+// As PID 1 the agent reaps orphans: a zombie would still answer kill -0.
+func TestReapsOrphans(t *testing.T) {
+	testutil.RequiresRoot(t) // PID namespace
+	c := handshake(t, subprocess(t))
+	got, err := run(t, c, &client.ExecRequest{Args: []string{"sh", "-c", "sleep 0.1 >/dev/null 2>&1 & echo $!"}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	orphan := strings.TrimSpace(got.stdout)
+	waitFor(t, func() bool {
+		r, err := run(t, c, &client.ExecRequest{Args: []string{"kill", "-0", orphan}}, nil)
+		return err == nil && r.status.Code != 0
+	})
+}
+
+// --transport serves on a character device; a raw pty slave stands in for
+// a virtio-serial port.
+func TestTransportFlag(t *testing.T) {
+	master, slave, err := pty.Open()
+	if err != nil {
+		t.Skipf("no pty: %v", err)
+	}
+	defer master.Close()
+	if _, err := term.MakeRaw(int(slave.Fd())); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(testutil.Binary(t, "k7-agent"), "--transport", slave.Name())
+	var console syncBuffer
+	cmd.Stderr = &console
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	// The test keeps the slave open: a master reads EIO while no slave is.
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); slave.Close() })
+	c := client.New(master)
+	defer c.Close()
+	if _, err := c.Handshake(ctxT(t, 10*time.Second)); err != nil {
+		t.Fatalf("Handshake over %s: %v\n%s", slave.Name(), err, console.String())
+	}
+	got, err := run(t, c, &client.ExecRequest{Args: []string{"echo", "over the port"}}, nil)
+	if err != nil || got.stdout != "over the port\n" {
+		t.Errorf("echo = %q, %v", got.stdout, err)
 	}
 }

@@ -65,7 +65,7 @@ func Run(args []string) int {
 		for sig := range sigs {
 			log.Info("signal received", "signal", sig)
 			if sig == syscall.SIGTERM {
-				if err := srv.signalAll(syscall.SIGTERM, false); err != nil {
+				if err := srv.signalAll(syscall.SIGTERM); err != nil {
 					log.Warn("forwarding SIGTERM", "err", err)
 				}
 			}

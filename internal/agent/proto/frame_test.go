@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -109,13 +110,14 @@ func TestReaderStaleHeader(t *testing.T) {
 	hello := Frame{Type: THello, Payload: []byte(`{"nonce":42}`)}
 	pr, pw := io.Pipe()
 	r := NewReader(pr)
-	now := time.Unix(1000, 0)
-	r.now = func() time.Time { return now }
+	var now atomic.Int64 // fake clock, in ns
+	now.Store(time.Unix(1000, 0).UnixNano())
+	r.now = func() time.Time { return time.Unix(0, now.Load()) }
 	go func() {
 		pw.Write(stale)
 		for i := 0; i < 3; i++ {
 			pw.Write(enc(t, hello))
-			now = now.Add(ResyncAfter / 2) // the fake clock moves between writes
+			now.Add(int64(ResyncAfter / 2)) // the fake clock moves between writes
 		}
 		pw.Close()
 	}()
