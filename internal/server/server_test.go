@@ -86,4 +86,3 @@ func FuzzDecodeExecRequest(f *testing.F) {
 		_ = decode(httptest.NewRecorder(), req, &v)
 	})
 }
-
