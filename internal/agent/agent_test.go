@@ -694,3 +694,39 @@ func TestTransportFlag(t *testing.T) {
 		t.Errorf("echo = %q, %v", got.stdout, err)
 	}
 }
+
+// Finished commands leave no descriptors open in the agent.
+func TestNoFDLeak(t *testing.T) {
+	c := handshake(t, inProcess(t))
+	fds := func() int {
+		ents, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Skip(err)
+		}
+		return len(ents)
+	}
+	runAll := func() {
+		for _, req := range []client.ExecRequest{
+			{Args: []string{"cat"}, Stdin: true},
+			{Args: []string{"tty"}, TTY: true},
+			{Args: []string{"true"}},
+			{Args: []string{"nosuch"}},
+		} {
+			run(t, c, &req, strings.NewReader("x"))
+		}
+		run(t, c, &client.ExecRequest{Args: []string{"true"}, Stdin: true}, nil) // stdin never closed
+	}
+	runAll() // warm up lazily opened descriptors
+	before := fds()
+	for range 5 {
+		runAll()
+	}
+	// Descriptors are closed by goroutines that may lag the exit a little.
+	deadline := time.Now().Add(5 * time.Second)
+	for fds() > before && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if after := fds(); after > before {
+		t.Errorf("open descriptors grew from %d to %d", before, after)
+	}
+}

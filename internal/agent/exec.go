@@ -327,6 +327,9 @@ func (se *session) target() (uint64, bool) {
 
 // feed writes the client's stdin to the command.
 func (se *session) feed() {
+	if se.tty == nil {
+		defer se.stdin.Close() // the pump closes a pty master
+	}
 	for {
 		b, ok := se.stdinQ.Pop(nil)
 		if !ok {
