@@ -352,8 +352,8 @@ func TestInfoMetricsList(t *testing.T) {
 	resp.Body.Close()
 	for _, want := range []string{
 		`k7_sandboxes{state="running"} 1`,
-		`k7_http_requests_total{route="POST /v1/sandboxes",method="POST",code="201"} 1`,
-		`k7_sandbox_op_duration_seconds_count{op="create",engine="fake",outcome="ok"} 1`,
+		`k7_http_requests_total{code="201",method="POST",route="POST /v1/sandboxes"} 1`,
+		`k7_sandbox_op_duration_seconds_count{engine="fake",op="create",outcome="ok"} 1`,
 	} {
 		if !strings.Contains(string(b), want) {
 			t.Errorf("metrics lack %q:\n%s", want, b)
