@@ -15,6 +15,8 @@
 //	(bridge)                   nftables: 1:1 NAT Y<->X,         (gVisor takes X)
 //	                           policy filter, input drop        default via G
 //
+// The pieces:
+//
 //   - S (/run/netns/<prefix>-s-<id>) holds lo and eth0 with the inner address X
 //     and a default route via the gateway G. Its path goes into the OCI spec
 //     (or is where the QEMU engine puts its tap). Nothing else is in S.
@@ -39,7 +41,7 @@
 //     the published ports, and replies. The sandbox reaches nothing: not other
 //     sandboxes, not the bridge, not the host.
 //   - egress: as isolated, plus new connections from the sandbox to the allow
-//     list (CIDR with an optional port, TCP and UDP), or to anything when the
+//     list (CIDR with an optional port, TCP and UDP, from X only), or to anything when the
 //     list is empty; the bridge subnet is always refused and the host refuses
 //     new connections from the bridge. Configured DNS servers are allowed on
 //     port 53. Traffic leaves the host masqueraded; the host must forward

@@ -267,12 +267,12 @@ func TestIsolated(t *testing.T) {
 		t.Fatalf("host to b: got %q, %v", got, err)
 	}
 	for _, target := range []string{
-		netip.AddrPortFrom(b.Outer, 80).String(),      // another sandbox
+		netip.AddrPortFrom(b.Outer, 80).String(),        // another sandbox
 		netip.AddrPortFrom(b.Inner.Addr(), 80).String(), // its inner address
-		onBridge.String(), // the host on the bridge
-		onLo.String(),     // host loopback (is a's own)
-		hostPortAddr(b, 0),                             // b's published port
-		netip.AddrPortFrom(a.Gateway, 80).String(),     // the router
+		onBridge.String(),  // the host on the bridge
+		onLo.String(),      // host loopback (is a's own)
+		hostPortAddr(b, 0), // b's published port
+		netip.AddrPortFrom(a.Gateway, 80).String(), // the router
 	} {
 		if got, err := greet(t, a.NetnsPath, target); err == nil {
 			t.Errorf("from isolated a, %s answered %q; want no connection", target, got)
@@ -567,5 +567,37 @@ func TestPrepareRestore(t *testing.T) {
 	serve(t, a.NetnsPath, netip.AddrPortFrom(a.Inner.Addr(), 80), "restored")
 	if got, err := greet(t, "", hostPortAddr(a, 0)); got != "restored" || err != nil {
 		t.Errorf("after PrepareRestore: got %q, %v", got, err)
+	}
+}
+
+func TestConcurrentSetup(t *testing.T) {
+	m := newManager(t, testConfig(t))
+	const n = 8
+	errc := make(chan error, n)
+	atts := make([]*Attachment, n)
+	for i := range n {
+		go func() {
+			var err error
+			atts[i], err = m.Setup(context.Background(), Request{ID: fmt.Sprintf("p%d", i), Ports: []Port{{Port: 80}}})
+			errc <- err
+		}()
+	}
+	for range n {
+		if err := <-errc; err != nil {
+			t.Fatalf("concurrent Setup: %v", err)
+		}
+	}
+	seen := map[netip.Addr]bool{}
+	for _, a := range atts {
+		if seen[a.Outer] || seen[a.Inner.Addr()] {
+			t.Fatalf("address handed out twice: %+v", a)
+		}
+		seen[a.Outer], seen[a.Inner.Addr()] = true, true
+		serve(t, a.NetnsPath, netip.AddrPortFrom(a.Inner.Addr(), 80), a.ID)
+	}
+	for _, a := range atts {
+		if got, err := greet(t, "", hostPortAddr(a, 0)); got != a.ID || err != nil {
+			t.Errorf("%s: got %q, %v", a.ID, got, err)
+		}
 	}
 }

@@ -124,14 +124,14 @@ func deleteTable(ns netns.NsHandle, name string) error {
 // in from the bridge are dropped, and sandbox traffic leaving through another
 // interface is masqueraded.
 func hostRules(prefix, bridge string, subnet netip.Prefix) error {
-	if err := deleteTable(netns.None(), prefix); err != nil {
-		return err
-	}
 	c, err := nftConn(netns.None())
 	if err != nil {
 		return err
 	}
+	// One transaction: create or keep the table, empty it, refill it; the
+	// bridge is never unguarded.
 	t := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: prefix})
+	c.FlushTable(t)
 	accept := nftables.ChainPolicyAccept
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
@@ -190,7 +190,7 @@ func routerRules(ns netns.NsHandle, s routerSpec) error {
 			matchAddr(false, netip.PrefixFrom(s.inner, 32)), matchL4(unix.IPPROTO_TCP, p.Port), []expr.Any{verdict(expr.VerdictAccept)})})
 	}
 	if s.policy == PolicyEgress {
-		out := cat(matchIif(gwIf, expr.CmpOpEq), matchOif(upIf, expr.CmpOpEq))
+		out := cat(matchIif(gwIf, expr.CmpOpEq), matchOif(upIf, expr.CmpOpEq), matchAddr(true, netip.PrefixFrom(s.inner, 32)))
 		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(out, matchAddr(false, s.subnet), []expr.Any{verdict(expr.VerdictDrop)})})
 		if len(s.allow) == 0 {
 			c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(out, []expr.Any{verdict(expr.VerdictAccept)})})
