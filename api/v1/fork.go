@@ -6,6 +6,10 @@ import "time"
 type ForkRequest struct {
 	Count int    `json:"count,omitempty"` // number of children, default 1
 	Name  string `json:"name,omitempty"`  // name prefix; children are PREFIX-1, PREFIX-2, ...
+	// Ports are published for every child (the parent's host ports are its
+	// own); HostPort must be 0 when Count > 1. Default: the parent's ports
+	// on free host ports.
+	Ports []Port `json:"ports,omitempty"`
 }
 
 // ForkResult is the answer of a fork or a restore.

@@ -49,6 +49,31 @@ type CreateSandboxRequest struct {
 	Name      string    `json:"name,omitempty"`   // default: generated
 	Env       []string  `json:"env,omitempty"`    // KEY=VALUE
 	Resources Resources `json:"resources,omitempty"`
+	// Network is the network policy: "none" (loopback only), "isolated"
+	// (default: reachable only through published ports, reaches nothing) or
+	// "egress" (outbound through NAT, limited to Allow when set).
+	Network string `json:"network,omitempty"`
+	// Allow lists what an egress sandbox may reach: CIDR or CIDR:PORT.
+	Allow []string `json:"allow,omitempty"`
+	// Ports are published on the host's loopback.
+	Ports []Port `json:"ports,omitempty"`
+}
+
+// Port is a published port: host 127.0.0.1:HostPort reaches the sandbox's
+// Port. HostPort 0 in a request picks a free port.
+type Port struct {
+	HostPort int    `json:"host_port"`
+	Port     int    `json:"port"`
+	Protocol string `json:"protocol,omitempty"` // "tcp"
+}
+
+// Network describes a sandbox's network.
+type Network struct {
+	Policy  string   `json:"policy"`
+	Address string   `json:"address,omitempty"` // in-sandbox address; identical in fork children
+	Gateway string   `json:"gateway,omitempty"`
+	Outer   string   `json:"outer,omitempty"` // host-side address that reaches the sandbox
+	Allow   []string `json:"allow,omitempty"`
 }
 
 // Sandbox is one sandbox as the daemon knows it.
@@ -65,6 +90,8 @@ type Sandbox struct {
 	Resources Resources `json:"resources"`
 	Parent    string    `json:"parent,omitempty"` // sandbox or snapshot this one was forked or restored from
 	Created   time.Time `json:"created"`
+	Network   *Network  `json:"network,omitempty"`
+	Ports     []Port    `json:"ports,omitempty"`
 	Stats     *Stats    `json:"stats,omitempty"` // only in GET /v1/sandboxes/{id}
 
 	// LatencyNS is how long the daemon spent on the request that returned this.
