@@ -91,6 +91,7 @@ func (e *Engine) checkpoint(ctx context.Context, q *qmp, st *vmState, dir string
 	if err := waitMigration(ctx, q); err != nil {
 		return nil, err
 	}
+	e.log.Debug("checkpoint step", "sandbox", st.ID, "step", "save state", "took", time.Since(start))
 	m := manifest{EngineVersion: e.version, MemoryBytes: st.MemoryBytes, CPUs: st.CPUs, Disk: st.Disk,
 		Source: st.ID, Created: time.Now().UTC().Format(time.RFC3339Nano)}
 	if shared {

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -18,19 +20,23 @@ import (
 	"github.com/k7-dev/k7/internal/testutil"
 )
 
+// testRoot is the engine root shared by the package's tests, so that the
+// kernel is extracted and the initramfs and root disk built once.
+var testRoot string
+
 func TestMain(m *testing.M) {
+	d, err := os.MkdirTemp("", "k7-qemu-test-")
+	if err != nil {
+		panic(err)
+	}
+	testRoot = d
 	code := m.Run()
+	os.RemoveAll(d)
 	testutil.Cleanup()
 	os.Exit(code)
 }
 
-var (
-	shared struct {
-		once         sync.Once
-		root, rootfs string
-		err          error
-	}
-)
+var rootfsOnce sync.Once
 
 // requireQEMU skips t unless QEMU, a kernel and root are there.
 func requireQEMU(t *testing.T) {
@@ -90,9 +96,14 @@ func busyboxRootfs(t testing.TB, dir string) string {
 func newEngine(t *testing.T) (*Engine, string) {
 	t.Helper()
 	requireQEMU(t)
-	root := t.TempDir()
-	rootfs := busyboxRootfs(t, filepath.Join(t.TempDir(), "rootfs"))
-	e, err := New(Config{Root: root, AgentPath: testutil.Binary(t, "k7-agent"), Accel: os.Getenv("K7_QEMU_ACCEL")})
+	root := filepath.Join(testRoot, "engine")
+	rootfs := filepath.Join(testRoot, "rootfs")
+	rootfsOnce.Do(func() { busyboxRootfs(t, rootfs) })
+	var log *slog.Logger
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	e, err := New(Config{Root: root, AgentPath: testutil.Binary(t, "k7-agent"), Accel: os.Getenv("K7_QEMU_ACCEL"), Log: log})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,8 +217,8 @@ func TestBootExec(t *testing.T) {
 	}
 	t.Logf("stats: %+v", stats)
 	ids, _ := e.List(context.Background())
-	if fmt.Sprint(ids) != "[b1]" {
-		t.Errorf("List = %v, want [b1]", ids)
+	if !slices.Contains(ids, "b1") {
+		t.Errorf("List = %v, want b1 in it", ids)
 	}
 	lr, err := e.Logs(context.Background(), "b1")
 	if err != nil {
@@ -216,6 +227,28 @@ func TestBootExec(t *testing.T) {
 	logb, _ := readAllClose(lr)
 	if !bytes.Contains(logb, []byte("k7-vminit: starting agent")) {
 		t.Errorf("console log lacks vminit line:\n%s", logb)
+	}
+}
+
+// TestReattach: a new Engine on the same root (a daemon restart) finds
+// the running sandbox and reaches its agent again.
+func TestReattach(t *testing.T) {
+	e, rootfs := newEngine(t)
+	ctx := context.Background()
+	create(t, e, "r1", rootfs)
+	c := connect(t, e, "r1")
+	run(t, c, "sh", "-c", "echo before > /tmp/x")
+	c.Close()
+	e2, err := New(e.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := e2.Status(ctx, "r1"); err != nil || st.State != engine.StateRunning {
+		t.Fatalf("Status after restart = %+v, %v", st, err)
+	}
+	c2 := connect(t, e2, "r1")
+	if out, _ := run(t, c2, "cat", "/tmp/x"); out != "before\n" {
+		t.Errorf("after restart: %q", out)
 	}
 }
 
@@ -289,7 +322,7 @@ func assertNothingLeft(t *testing.T, e *Engine, st *vmState) {
 	if _, err := os.Stat(st.SockDir); !os.IsNotExist(err) {
 		t.Errorf("socket dir still there: %v", err)
 	}
-	if m, _ := filepath.Glob(filepath.Join(e.cfg.ShmDir, "k7-qemu-"+e.rootHash+"-*")); len(m) > 0 {
+	if m, _ := filepath.Glob(filepath.Join(e.cfg.ShmDir, "k7-qemu-"+e.rootHash+"-"+st.ID+".mem")); len(m) > 0 {
 		t.Errorf("memory files left: %v", m)
 	}
 }
@@ -325,9 +358,11 @@ func TestFork(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { e.Delete(context.Background(), id) })
+		t1 := time.Now()
 		kc := connect(t, e, id)
+		t2 := time.Now()
 		out, _ := run(t, kc, "cat", "/tmp/marker", "/rootfile")
-		t.Logf("fork -> child %s answers: %v", id, time.Since(t0))
+		t.Logf("fork -> child %s answers: %v (restore %v, handshake %v, exec %v)", id, time.Since(t0), t1.Sub(t0), t2.Sub(t1), time.Since(t2))
 		if out != "marker\nlayer\n" {
 			t.Errorf("child %s: marker files = %q", id, out)
 		}
@@ -391,6 +426,13 @@ func TestFork(t *testing.T) {
 	st, _ := e.readState("kid1")
 	e.Delete(ctx, "kid1")
 	assertNothingLeft(t, e, st)
+}
+
+type testWriter struct{ t testing.TB }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	w.t.Log(strings.TrimSpace(string(p)))
+	return len(p), nil
 }
 
 func median(d []time.Duration) time.Duration {

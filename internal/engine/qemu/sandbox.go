@@ -259,6 +259,12 @@ func (e *Engine) Resume(ctx context.Context, id string) error {
 // Status reports the guest's run state (QMP query-status) and QEMU's PID.
 func (e *Engine) Status(ctx context.Context, id string) (engine.Status, error) {
 	st, err := e.state(id)
+	if errors.Is(err, errdefs.ErrNotFound) {
+		if _, serr := os.Stat(e.dir(id)); serr == nil {
+			// A create that did not finish (the daemon died during it).
+			return engine.Status{State: engine.StateDead, Reason: "create did not finish"}, nil
+		}
+	}
 	if err != nil {
 		return engine.Status{}, err
 	}

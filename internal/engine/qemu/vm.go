@@ -138,7 +138,6 @@ func (e *Engine) qemuArgs(st *vmState) ([]string, error) {
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-S",
 		"-chardev", "file,id=con,path="+filepath.Join(dir, "console.log")+",append=on",
 		"-serial", "chardev:con",
-		"-kernel", e.vmlinux, "-initrd", e.initrd, "-append", kargs,
 		"-device", "virtio-serial-device,id=vser",
 		"-chardev", "socket,id=ag,path="+st.agentSock()+",server=on,wait=off",
 		"-device", "virtserialport,chardev=ag,name=agent,id=agentport",
@@ -159,7 +158,11 @@ func (e *Engine) qemuArgs(st *vmState) ([]string, error) {
 			"-device", "virtio-blk-device,drive=root,id=rootdisk")
 	}
 	if st.Incoming != "" {
+		// The kernel is in the guest RAM already: loading it again
+		// would only cost start-up time and memory.
 		a = append(a, "-incoming", "defer")
+	} else {
+		a = append(a, "-kernel", e.vmlinux, "-initrd", e.initrd, "-append", kargs)
 	}
 	for _, s := range a {
 		if strings.Contains(s, ",,") {
