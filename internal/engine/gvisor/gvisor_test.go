@@ -1,0 +1,224 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/k7-dev/k7/internal/agent/client"
+	"github.com/k7-dev/k7/internal/engine"
+	"github.com/k7-dev/k7/internal/engine/enginetest"
+	"github.com/k7-dev/k7/internal/errdefs"
+	"github.com/k7-dev/k7/internal/testutil"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testutil.Cleanup()
+	os.Exit(code)
+}
+
+func newTestEngine(t *testing.T) *Engine {
+	t.Helper()
+	testutil.RequiresRoot(t)
+	runsc := testutil.Runsc(t)
+	agent := testutil.Binary(t, "k7-agent")
+	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	root := t.TempDir()
+	e, err := New(Config{Runsc: runsc, Root: root, AgentPath: agent, Log: log, Debug: os.Getenv("K7_RUNSC_DEBUG") == "1"})
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	// runsc bind-mounts an empty network namespace under its root for
+	// --network=none; the temporary dir cannot be removed while it is.
+	t.Cleanup(func() { unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH) })
+	return e
+}
+
+type testWriter struct{ t *testing.T }
+
+func (w testWriter) Write(p []byte) (int, error) {
+	if testing.Verbose() {
+		w.t.Log(strings.TrimRight(string(p), "\n"))
+	}
+	return len(p), nil
+}
+
+func TestConformance(t *testing.T) {
+	enginetest.Run(t, func(t *testing.T) engine.Engine { return newTestEngine(t) }, enginetest.Config{
+		CarriesProcesses: true,
+		IsolatedHostname: true,
+	})
+}
+
+func TestNewUnavailable(t *testing.T) {
+	_, err := New(Config{Runsc: "/nonexistent/runsc", Root: t.TempDir(), AgentPath: "/bin/true"})
+	if !errors.Is(err, errdefs.ErrUnavailable) {
+		t.Errorf("New with a missing runsc: got %v, want ErrUnavailable", err)
+	}
+}
+
+// started creates a sandbox and returns a connected client.
+func started(t *testing.T, ctx context.Context, e *Engine, rootfs string, res engine.Resources) (string, *client.Client) {
+	t.Helper()
+	id := enginetest.NewID()
+	if err := e.Create(ctx, &engine.CreateRequest{ID: id, Rootfs: rootfs, Resources: res}); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { e.Delete(context.Background(), id) })
+	rw, err := e.Connect(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := client.New(rw)
+	t.Cleanup(func() { c.Close() })
+	if _, err := c.Handshake(ctx); err != nil {
+		t.Fatalf("Handshake: %v", err)
+	}
+	return id, c
+}
+
+func cgroupDirs(e *Engine, id string) []string {
+	var dirs []string
+	for _, c := range cgroupControllers {
+		p := filepath.Join("/sys/fs/cgroup", c, e.cgroupsPath(id))
+		if _, err := os.Stat(p); err == nil {
+			dirs = append(dirs, p)
+		}
+	}
+	return dirs
+}
+
+func readTrim(t *testing.T, p string) string {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.TrimSpace(string(b))
+}
+
+func listDir(t *testing.T, dir string) []string {
+	t.Helper()
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return names
+}
+
+// TestHostSide checks what the suite cannot see: cgroup limits applied and
+// removed, the shared rootfs never written, death of the sandbox process
+// noticed, and a killed sandbox cleaned up.
+func TestHostSide(t *testing.T) {
+	e := newTestEngine(t)
+	rootfs := enginetest.BusyboxRootfs(t)
+	before := listDir(t, rootfs)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	id, c := started(t, ctx, e, rootfs, engine.Resources{CPUs: 0.5, MemoryBytes: 256 << 20, PIDs: 64})
+	if _, err := c.Exec(ctx, &client.ExecRequest{Args: []string{"sh", "-c", "echo x > /etc/written; echo y > /new-file"}}, client.Stdio{}); err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join("/sys/fs/cgroup")
+	if _, err := os.Stat(filepath.Join(cg, "memory")); err == nil {
+		if got := readTrim(t, filepath.Join(cg, "memory", e.cgroupsPath(id), "memory.limit_in_bytes")); got != "268435456" {
+			t.Errorf("memory.limit_in_bytes: got %s, want 268435456", got)
+		}
+		if got := readTrim(t, filepath.Join(cg, "cpu", e.cgroupsPath(id), "cpu.cfs_quota_us")); got != "50000" {
+			t.Errorf("cpu.cfs_quota_us: got %s, want 50000", got)
+		}
+		if got := readTrim(t, filepath.Join(cg, "pids", e.cgroupsPath(id), "pids.max")); got != "64" {
+			t.Errorf("pids.max: got %s, want 64", got)
+		}
+	}
+
+	st, err := e.Status(ctx, id)
+	if err != nil || st.State != engine.StateRunning || st.PID == 0 {
+		t.Fatalf("Status: got %+v, %v", st, err)
+	}
+	// Killing the sandbox process: the agent stream ends and Status says dead.
+	if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(5 * time.Second):
+		t.Errorf("agent stream still open 5 s after the sandbox was killed")
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		st, err = e.Status(ctx, id)
+		if err == nil && (st.State == engine.StateDead || st.State == engine.StateStopped) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Status after kill: got %+v, %v; want dead", st, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("status after kill: %+v", st)
+	if _, err := e.Connect(ctx, id); err == nil {
+		t.Errorf("Connect to a killed sandbox succeeded")
+	}
+	if err := e.Delete(ctx, id); err != nil {
+		t.Fatalf("Delete: %v", err)
+	}
+	if d := cgroupDirs(e, id); len(d) > 0 {
+		t.Errorf("cgroups left after Delete: %v", d)
+	}
+	if _, err := os.Stat(e.dir(id)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("sandbox dir left after Delete: %v", err)
+	}
+	ids, _ := e.List(ctx)
+	if slices.Contains(ids, id) {
+		t.Errorf("List after Delete contains %s", id)
+	}
+	if after := listDir(t, rootfs); !slices.Equal(before, after) {
+		t.Errorf("shared rootfs changed: before %v, after %v", before, after)
+	}
+	if _, err := os.Stat(filepath.Join(rootfs, "etc/written")); err == nil {
+		t.Errorf("a write in the sandbox reached the shared rootfs")
+	}
+}
+
+// TestFailedCreateLeavesNothing checks the cleanup stack against runsc: a
+// Create that fails in runsc leaves no container, cgroup or dir.
+func TestFailedCreateLeavesNothing(t *testing.T) {
+	e := newTestEngine(t)
+	ctx := context.Background()
+	id := enginetest.NewID()
+	// A rootfs without the mount points' parents and a bad memory limit
+	// make runsc fail after the bundle was written.
+	rootfs := t.TempDir()
+	err := e.Create(ctx, &engine.CreateRequest{ID: id, Rootfs: rootfs, Resources: engine.Resources{MemoryBytes: 1}})
+	if err == nil {
+		t.Cleanup(func() { e.Delete(ctx, id) })
+		t.Skip("runsc accepted the sandbox; nothing to check")
+	}
+	t.Logf("Create error: %v", err)
+	if d := cgroupDirs(e, id); len(d) > 0 {
+		t.Errorf("cgroups left after a failed Create: %v", d)
+	}
+	if _, err := os.Stat(e.dir(id)); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("sandbox dir left after a failed Create: %v", err)
+	}
+	ids, _ := e.List(ctx)
+	if slices.Contains(ids, id) {
+		t.Errorf("List after a failed Create contains %s", id)
+	}
+}
