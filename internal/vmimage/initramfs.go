@@ -75,10 +75,34 @@ func (r *Initramfs) AddModules(ms *ModuleSet, rel []string) ([]string, error) {
 		default:
 			return nil, fmt.Errorf("kernel module %s: unsupported compression", p)
 		}
-		r.Add(File{Path: guest, Mode: 0o644, Data: data})
+		r.Add(File{Path: guest, Mode: 0o644, Data: StripModuleSignature(data)})
 		out = append(out, guest)
 	}
 	return out, nil
+}
+
+const moduleSigMagic = "~Module signature appended~\n"
+
+// StripModuleSignature removes the signature appended to a kernel module.
+// The kernel then skips verifying it (an RSA check per module that costs
+// tens of milliseconds under TCG) and only notes a taint, unless it
+// enforces signatures (module.sig_enforce, lockdown), where loading fails.
+func StripModuleSignature(ko []byte) []byte {
+	if !bytes.HasSuffix(ko, []byte(moduleSigMagic)) {
+		return ko
+	}
+	end := len(ko) - len(moduleSigMagic)
+	if end < 12 {
+		return ko
+	}
+	info := ko[end-12 : end] // struct module_signature
+	signer, keyID := int(info[3]), int(info[4])
+	sigLen := int(info[8])<<24 | int(info[9])<<16 | int(info[10])<<8 | int(info[11])
+	n := end - 12 - sigLen - signer - keyID
+	if n <= 0 {
+		return ko
+	}
+	return ko[:n]
 }
 
 // WriteTo writes the archive to w in newc format, parents before children.

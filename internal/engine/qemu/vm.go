@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -194,7 +195,12 @@ func (e *Engine) launch(st *vmState) (<-chan struct{}, error) {
 		return nil, fmt.Errorf("starting QEMU: %w", err)
 	}
 	exited := make(chan struct{})
-	go func() { cmd.Wait(); close(exited) }()
+	children.Store(cmd.Process.Pid, exited)
+	go func() {
+		cmd.Wait()
+		close(exited)
+		children.Delete(cmd.Process.Pid)
+	}()
 	st.PID = cmd.Process.Pid
 	st.StartTime = procStartTime(st.PID)
 	os.WriteFile(filepath.Join(dir, "qemu.pid"), []byte(strconv.Itoa(st.PID)), 0o644)
@@ -286,7 +292,19 @@ func (e *Engine) kill(ctx context.Context, st *vmState) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
+	// Our own child: wait until it is reaped, so that no zombie is left
+	// to a parent that does not reap (PID 1 in some containers).
+	if ch, ok := children.Load(st.PID); ok {
+		select {
+		case <-ch.(chan struct{}):
+		case <-time.After(time.Second):
+		}
+	}
 }
+
+// children are the QEMU processes this process started, by PID, with a
+// channel closed when each is reaped.
+var children sync.Map
 
 // cleanup is a stack of undo functions for a half-done operation.
 type cleanup []func()
