@@ -8,6 +8,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -21,6 +22,7 @@ const (
 	manifestFile = "manifest.json"
 	stateStream  = "state.bin"  // QEMU device state (migration stream)
 	memoryFile   = "memory.bin" // frozen guest RAM; absent when the stream carries it
+	versionFile  = "engine-version"
 )
 
 // manifest describes a capture.
@@ -105,8 +107,11 @@ func (e *Engine) checkpoint(ctx context.Context, q *qmp, st *vmState, dir string
 	if err := os.WriteFile(filepath.Join(dir, manifestFile), b, 0o644); err != nil {
 		return nil, err
 	}
+	if err := os.WriteFile(filepath.Join(dir, versionFile), []byte(e.version+"\n"), 0o644); err != nil {
+		return nil, err
+	}
 	var size int64
-	for _, f := range []string{manifestFile, stateStream, memoryFile} {
+	for _, f := range []string{manifestFile, versionFile, stateStream, memoryFile} {
 		var sst unix.Stat_t
 		if unix.Stat(filepath.Join(dir, f), &sst) == nil {
 			size += sst.Blocks * 512
@@ -179,9 +184,13 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) error 
 	if err := json.Unmarshal(b, &m); err != nil {
 		return fmt.Errorf("restoring sandbox %q: reading capture manifest: %v: %w", req.ID, err, errdefs.ErrInvalidArgument)
 	}
-	if m.EngineVersion != e.version {
+	version := m.EngineVersion
+	if b, err := os.ReadFile(filepath.Join(req.From, versionFile)); err == nil {
+		version = strings.TrimSpace(string(b))
+	}
+	if version != e.version || m.EngineVersion != e.version {
 		return fmt.Errorf("restoring sandbox %q: capture made by %q, engine is %q: %w",
-			req.ID, m.EngineVersion, e.version, errdefs.ErrFailedPrecondition)
+			req.ID, version, e.version, errdefs.ErrFailedPrecondition)
 	}
 	st := e.newState(req.ID, &req.CreateRequest)
 	st.MemoryBytes, st.CPUs, st.Disk = m.MemoryBytes, m.CPUs, m.Disk

@@ -309,7 +309,7 @@ func lastLine(s string) string {
 
 // Stats reads QEMU's CPU time and memory. MemoryBytes is the process's
 // proportional set size (PSS): pages shared with forks of the same capture
-// are divided between them.
+// are divided between them. PIDs is 1 (the VM).
 func (e *Engine) Stats(ctx context.Context, id string) (engine.Stats, error) {
 	st, err := e.state(id)
 	if err != nil {
@@ -322,7 +322,9 @@ func (e *Engine) Stats(ctx context.Context, id string) (engine.Stats, error) {
 	if err != nil {
 		return engine.Stats{}, err
 	}
-	return engine.Stats{CPU: procCPU(st.PID), MemoryBytes: pss}, nil
+	// The guest's tasks are not visible from the host: the VM counts as
+	// one process.
+	return engine.Stats{CPU: procCPU(st.PID), MemoryBytes: pss, PIDs: 1}, nil
 }
 
 // smapsRollup returns a process's PSS and RSS in bytes.
