@@ -7,6 +7,8 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/k7-dev/k7/internal/errdefs"
 )
 
 // TestProbeFirmware runs the probe guest under TCG: it must exit with the
@@ -46,6 +48,36 @@ func TestDecideAccel(t *testing.T) {
 			if got.Name != tc.want || got.Reason == "" {
 				t.Errorf("decideAccel = %+v, want %s with a reason", got, tc.want)
 			}
+		})
+	}
+}
+
+func TestTSC(t *testing.T) {
+	m, c := measureTSCkHz(), cpuinfoMHz()
+	t.Logf("measured TSC %d kHz, /proc/cpuinfo %d kHz", m, c)
+	if m <= 0 {
+		t.Skip("no TSC measurement on this architecture")
+	}
+	if c > 0 && (m < c*9/10 || m > c*11/10) {
+		t.Logf("measured TSC differs from cpu MHz by more than 10%% (frequency scaling?)")
+	}
+}
+
+func TestNewUnavailable(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+	}{
+		{"no qemu", Config{QEMU: "/nonexistent/qemu-system-x86_64", Root: t.TempDir(), AgentPath: "/bin/true"}},
+		{"no kernel", Config{QEMU: "/bin/true", Kernel: "/nonexistent/vmlinuz-1", Root: t.TempDir(), AgentPath: "/bin/true"}},
+		{"no agent", Config{QEMU: "/bin/true", Kernel: "/bin/true", Root: t.TempDir(), AgentPath: "/nonexistent/k7-agent"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := New(tc.cfg)
+			if !errors.Is(err, errdefs.ErrUnavailable) {
+				t.Errorf("New: got %v, want ErrUnavailable", err)
+			}
+			t.Log(err)
 		})
 	}
 }

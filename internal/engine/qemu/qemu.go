@@ -290,8 +290,17 @@ func hashFile(h io.Writer, p string) error {
 }
 
 // hostTSCkHz returns the host's TSC frequency in kHz, for the guest's
-// tsc_early_khz (microvm has no HPET or PM timer to calibrate against).
+// tsc_early_khz (microvm has no HPET or PM timer to calibrate against):
+// measured, or else /proc/cpuinfo's "cpu MHz" (which is the current core
+// frequency, not always the TSC's).
 func hostTSCkHz() int64 {
+	if khz := measureTSCkHz(); khz > 100_000 {
+		return khz
+	}
+	return cpuinfoMHz()
+}
+
+func cpuinfoMHz() int64 {
 	f, err := os.Open("/proc/cpuinfo")
 	if err != nil {
 		return 0

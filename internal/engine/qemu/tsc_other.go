@@ -1,0 +1,5 @@
+//go:build !amd64
+
+package qemu
+
+func measureTSCkHz() int64 { return 0 }
