@@ -35,7 +35,7 @@ func (e *Engine) Checkpoint(ctx context.Context, req *engine.CheckpointRequest) 
 		return nil, fmt.Errorf("checkpointing sandbox %q: %w", req.ID, err)
 	}
 	start := time.Now()
-	if _, err := e.runsc(ctx, req.ID, "checkpoint", "--leave-running", "--image-path", req.Dir, req.ID); err != nil {
+	if _, err := e.runsc(ctx, e.dir(req.ID), "checkpoint", "--leave-running", "--image-path", req.Dir, e.cid(req.ID)); err != nil {
 		return nil, fmt.Errorf("checkpointing sandbox %q: %w", req.ID, err)
 	}
 	pause := time.Since(start)
@@ -68,13 +68,17 @@ func dirSize(dir string) (int64, error) {
 	return n, err
 }
 
-// Restore starts a new sandbox from a capture made by Checkpoint: "runsc
-// create" with the child's own FIFOs as stdio (the restored init inherits
-// the stdio of the command that starts the sandbox process), then "runsc
-// restore --detach". The source need not exist any more; req.Rootfs must be
-// the source's image rootfs. A capture of another engine version is refused
-// with errdefs.ErrFailedPrecondition. On error nothing is left behind.
+// Restore starts a new sandbox from a capture made by Checkpoint. The
+// sandbox process is made by "runsc create" with the child's own FIFOs as
+// stdio (the restored init inherits the stdio of the command that starts
+// the sandbox process), or taken from the pool of pre-created containers
+// for the same rootfs and resources; then "runsc restore --detach". The
+// source need not exist any more; req.Rootfs must be the source's image
+// rootfs. A capture of another engine version is refused with
+// errdefs.ErrFailedPrecondition. On error nothing is left behind.
 //
+// The child keeps the source's host name and environment (they are part of
+// the capture): the daemon sets the host name through the agent.
 // Processes started by "runsc exec" are not carried (runsc kills them);
 // the agent's children are.
 func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) (err error) {
@@ -84,7 +88,7 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) (err e
 	if err := e.checkCapture(req.From); err != nil {
 		return fmt.Errorf("restoring sandbox %q: %w", req.ID, err)
 	}
-	id := req.ID
+	id, dir := req.ID, e.dir(req.ID)
 	log := e.log.With("sandbox", id)
 	start := time.Now()
 	var cu cleanup
@@ -94,24 +98,37 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) (err e
 			err = fmt.Errorf("restoring sandbox %q: %w", id, err)
 		}
 	}()
-	stdio, err := e.prepare(&req.CreateRequest, &cu)
+	key := poolKey{rootfs: req.Rootfs, res: req.Resources}
+	defer e.refill(key)
+	cid, err := e.claim(key, id)
 	if err != nil {
 		return err
 	}
-	defer stdio.close()
-	if err := step(log, "runsc create", func() error {
-		cu.add(func(ctx context.Context) { e.destroy(ctx, log, id) })
-		return e.runscStdio(ctx, id, stdio, "create", "--bundle", e.dir(id), id)
-	}); err != nil {
-		return err
+	if cid != "" {
+		cu.add(func(ctx context.Context) { e.destroy(ctx, log, cid, dir) })
+		log.Debug("using a pre-created container", "container", cid)
+	} else {
+		cid = id
+		stdio, err := e.prepare(dir, &req.CreateRequest, &cu)
+		if err != nil {
+			return err
+		}
+		defer stdio.close()
+		if err := step(log, "runsc create", func() error {
+			cu.add(func(ctx context.Context) { e.destroy(ctx, log, id, dir) })
+			return e.runscStdio(ctx, dir, stdio, "create", "--bundle", dir, id)
+		}); err != nil {
+			return err
+		}
 	}
 	if err := step(log, "runsc restore", func() error {
-		return e.runscStdio(ctx, id, stdio, "restore", "--detach", "--image-path", req.From, "--bundle", e.dir(id), id)
+		_, err := e.runsc(ctx, dir, "restore", "--detach", "--image-path", req.From, "--bundle", dir, cid)
+		return err
 	}); err != nil {
 		return err
 	}
 	cu.release()
-	log.Info("sandbox restored", "from", req.From, "took", time.Since(start))
+	log.Info("sandbox restored", "from", req.From, "container", cid, "took", time.Since(start))
 	return nil
 }
 

@@ -8,7 +8,9 @@
 //	Root/sandboxes/<id>/      one sandbox: OCI bundle (config.json), in.fifo,
 //	                          out.fifo, console.log, debug/ (with Debug), and
 //	                          the (unlinked) overlay file store of the
-//	                          sandbox's writable rootfs layer
+//	                          sandbox's writable rootfs layer; "container"
+//	                          names its runsc container when that is not <id>
+//	Root/pool/<cid>/          a pre-created container of the fork pool
 //
 // Sandboxes of daemons with different roots never see each other: runsc's
 // state and the cgroups ("/k7-<hash of Root>/<id>") are keyed by the root.
@@ -102,6 +104,10 @@ type Config struct {
 	Platform string
 	// Debug makes runsc write debug logs to <sandbox dir>/debug/.
 	Debug bool
+	// ForkPool is how many containers are pre-created ("runsc create")
+	// per rootfs and resources after a Restore, so that the next Restore of
+	// that kind skips the create step. 0 means 1; negative disables the pool.
+	ForkPool int
 	// Log receives the engine's log; nil discards.
 	Log *slog.Logger
 
@@ -118,6 +124,7 @@ type Engine struct {
 	sbxRoot   string
 	cgParent  string // "/k7-<hash of root>"
 	version   string
+	pool      pool
 }
 
 // New checks that runsc runs and returns the engine. It returns an error
@@ -126,6 +133,9 @@ type Engine struct {
 func New(cfg Config) (*Engine, error) {
 	if cfg.Platform == "" {
 		cfg.Platform = "systrap"
+	}
+	if cfg.ForkPool == 0 {
+		cfg.ForkPool = 1
 	}
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
@@ -163,14 +173,18 @@ func New(cfg Config) (*Engine, error) {
 		runscRoot: filepath.Join(root, "runsc"),
 		sbxRoot:   filepath.Join(root, "sandboxes"),
 		version:   runscVersion(out) + "+sha256." + sum[:12],
+		pool:      pool{free: map[poolKey][]poolEntry{}, filling: map[poolKey]int{}},
 	}
 	h := sha256.Sum256([]byte(root))
 	e.cgParent = "/k7-" + hex.EncodeToString(h[:])[:12]
-	for _, d := range []string{e.runscRoot, e.sbxRoot} {
+	for _, d := range []string{e.runscRoot, e.sbxRoot, filepath.Join(root, "pool")} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			return nil, fmt.Errorf("gvisor engine: creating %s: %w", d, err)
 		}
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	e.clearStalePool(ctx)
 	return e, nil
 }
 
@@ -206,7 +220,7 @@ func (e *Engine) Version() string { return e.version }
 var idRE = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,127}$`)
 
 func checkID(id string) error {
-	if !idRE.MatchString(id) {
+	if !idRE.MatchString(id) || isPoolID(id) {
 		return fmt.Errorf("sandbox id %q: %w", id, errdefs.ErrInvalidArgument)
 	}
 	return nil
@@ -219,8 +233,8 @@ func (e *Engine) cgroupsPath(id string) string { return e.cgParent + "/" + id }
 // runsc runs one runsc command with the global flags and returns its
 // stdout. Errors carry runsc's stderr and map "does not exist" to
 // errdefs.ErrNotFound.
-func (e *Engine) runsc(ctx context.Context, id string, args ...string) ([]byte, error) {
-	cmd := exec.CommandContext(ctx, e.cfg.Runsc, append(e.globalFlags(id), args...)...)
+func (e *Engine) runsc(ctx context.Context, dir string, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, e.cfg.Runsc, append(e.globalFlags(dir), args...)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second
@@ -245,16 +259,19 @@ func runscError(op string, err error, stderr []byte) error {
 }
 
 // globalFlags are the flags before runsc's subcommand. The overlay's file
-// store goes into the sandbox's own dir.
-func (e *Engine) globalFlags(id string) []string {
+// store and the debug logs go into dir, the sandbox's own dir ("" for
+// commands that start no sandbox).
+func (e *Engine) globalFlags(dir string) []string {
 	f := []string{
 		"--root=" + e.runscRoot,
 		"--platform=" + e.cfg.Platform,
 		"--network=none",
-		"--overlay2=root:dir=" + e.dir(id),
 	}
-	if e.cfg.Debug {
-		f = append(f, "--debug", "--debug-log="+filepath.Join(e.dir(id), "debug")+"/")
+	if dir != "" {
+		f = append(f, "--overlay2=root:dir="+dir)
+		if e.cfg.Debug {
+			f = append(f, "--debug", "--debug-log="+filepath.Join(dir, "debug")+"/")
+		}
 	}
 	return f
 }

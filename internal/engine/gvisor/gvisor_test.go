@@ -27,12 +27,15 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-func newTestEngine(t *testing.T) *Engine {
+func newTestEngine(t testing.TB) *Engine {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	runsc := testutil.Runsc(t)
 	agent := testutil.Binary(t, "k7-agent")
-	log := slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	log := slog.New(slog.DiscardHandler)
+	if testing.Verbose() {
+		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
 	root := t.TempDir()
 	e, err := New(Config{Runsc: runsc, Root: root, AgentPath: agent, Log: log, Debug: os.Getenv("K7_RUNSC_DEBUG") == "1"})
 	if err != nil {
@@ -40,11 +43,16 @@ func newTestEngine(t *testing.T) *Engine {
 	}
 	// runsc bind-mounts an empty network namespace under its root for
 	// --network=none; the temporary dir cannot be removed while it is.
-	t.Cleanup(func() { unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH) })
+	// Concurrent runsc commands may have stacked several mounts.
+	t.Cleanup(func() {
+		for unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH) == nil {
+		}
+	})
+	t.Cleanup(func() { e.Close() })
 	return e
 }
 
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	if testing.Verbose() {

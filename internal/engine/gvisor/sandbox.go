@@ -25,6 +25,9 @@ const (
 	inFIFO     = "in.fifo"
 	outFIFO    = "out.fifo"
 	consoleLog = "console.log"
+	// containerFile names the sandbox's runsc container when it is not
+	// the sandbox ID (restored into a pre-created container).
+	containerFile = "container"
 )
 
 // Create starts a sandbox with the agent as PID 1. On error nothing of the
@@ -42,14 +45,15 @@ func (e *Engine) Create(ctx context.Context, req *engine.CreateRequest) (err err
 			err = fmt.Errorf("creating sandbox %q: %w", req.ID, err)
 		}
 	}()
-	stdio, err := e.prepare(req, &cu)
+	dir := e.dir(req.ID)
+	stdio, err := e.prepare(dir, req, &cu)
 	if err != nil {
 		return err
 	}
 	defer stdio.close()
 	if err := step(log, "runsc run", func() error {
-		cu.add(func(ctx context.Context) { e.destroy(ctx, log, req.ID) })
-		return e.runscStdio(ctx, req.ID, stdio, "run", "--detach", "--bundle", e.dir(req.ID), req.ID)
+		cu.add(func(ctx context.Context) { e.destroy(ctx, log, req.ID, dir) })
+		return e.runscStdio(ctx, dir, stdio, "run", "--detach", "--bundle", dir, req.ID)
 	}); err != nil {
 		return err
 	}
@@ -88,8 +92,7 @@ func (s *sandboxStdio) close() {
 
 // prepare makes the sandbox dir, bundle, FIFOs and console log, and opens
 // the stdio for runsc. It pushes its undo onto cu.
-func (e *Engine) prepare(req *engine.CreateRequest, cu *cleanup) (*sandboxStdio, error) {
-	dir := e.dir(req.ID)
+func (e *Engine) prepare(dir string, req *engine.CreateRequest, cu *cleanup) (*sandboxStdio, error) {
 	s := &sandboxStdio{}
 	err := stepL(e, req.ID, "bundle", func() error {
 		if err := os.Mkdir(dir, 0o700); err != nil {
@@ -138,13 +141,13 @@ func stepL(e *Engine, id, name string, fn func() error) error {
 
 // runscStdio runs a runsc command whose stdio becomes the sandbox's. Its
 // error output lands in the console log, so the error quotes what it added.
-func (e *Engine) runscStdio(ctx context.Context, id string, s *sandboxStdio, args ...string) error {
+func (e *Engine) runscStdio(ctx context.Context, dir string, s *sandboxStdio, args ...string) error {
 	off, _ := s.console.Seek(0, io.SeekEnd)
-	cmd := exec.CommandContext(ctx, e.cfg.Runsc, append(e.globalFlags(id), args...)...)
+	cmd := exec.CommandContext(ctx, e.cfg.Runsc, append(e.globalFlags(dir), args...)...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = s.in, s.out, s.console
 	cmd.WaitDelay = 5 * time.Second
 	if err := cmd.Run(); err != nil {
-		msg := readFrom(filepath.Join(e.dir(id), consoleLog), off)
+		msg := readFrom(filepath.Join(dir, consoleLog), off)
 		return runscError(args[0], err, msg)
 	}
 	return nil
@@ -163,17 +166,31 @@ func readFrom(path string, off int64) []byte {
 	return b
 }
 
-// destroy removes the runsc container, its cgroups and the sandbox dir.
-func (e *Engine) destroy(ctx context.Context, log interface{ Warn(string, ...any) }, id string) {
-	if _, err := e.state(ctx, id); err == nil {
-		if _, err := e.runsc(ctx, id, "delete", "-force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			log.Warn("runsc delete", "err", err)
+// destroy removes the runsc container cid, its cgroups and dir, logging
+// what fails.
+func (e *Engine) destroy(ctx context.Context, log interface{ Warn(string, ...any) }, cid, dir string) {
+	if err := e.remove(ctx, cid, dir); err != nil {
+		log.Warn("removing sandbox", "container", cid, "err", err)
+	}
+}
+
+// remove deletes the runsc container cid (killing it first if runsc
+// refuses), its leftover cgroups, and dir.
+func (e *Engine) remove(ctx context.Context, cid, dir string) error {
+	if _, err := e.state(ctx, cid); err == nil {
+		if _, err := e.runsc(ctx, "", "delete", "-force", cid); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
+			// A container that runsc cannot delete yet ("not stopped"):
+			// kill it and retry.
+			e.runsc(ctx, "", "kill", cid, "KILL")
+			if _, err2 := e.runsc(ctx, "", "delete", "-force", cid); err2 != nil && !errors.Is(err2, errdefs.ErrNotFound) {
+				return err2
+			}
 		}
+	} else if !errors.Is(err, errdefs.ErrNotFound) {
+		return err
 	}
-	e.removeCgroups(id)
-	if err := os.RemoveAll(e.dir(id)); err != nil {
-		log.Warn("removing sandbox dir", "err", err)
-	}
+	e.removeCgroups(cid)
+	return os.RemoveAll(dir)
 }
 
 // cgroupControllers are the v1 hierarchies runsc puts a sandbox in.
@@ -202,7 +219,7 @@ type runscState struct {
 // state reads runsc's view of id; errdefs.ErrNotFound when runsc has no
 // such container (IDs are matched exactly, never by prefix).
 func (e *Engine) state(ctx context.Context, id string) (*runscState, error) {
-	out, err := e.runsc(ctx, id, "state", id)
+	out, err := e.runsc(ctx, "", "state", id)
 	if err != nil {
 		return nil, err
 	}
@@ -214,6 +231,16 @@ func (e *Engine) state(ctx context.Context, id string) (*runscState, error) {
 		return nil, fmt.Errorf("runsc state %q answered %q: %w", id, st.ID, errdefs.ErrNotFound)
 	}
 	return &st, nil
+}
+
+// cid returns the runsc container ID of sandbox id: id itself, or the ID
+// of the pre-created container it was restored into (containerFile).
+func (e *Engine) cid(id string) string {
+	b, err := os.ReadFile(filepath.Join(e.dir(id), containerFile))
+	if err != nil {
+		return id
+	}
+	return strings.TrimSpace(string(b))
 }
 
 func (e *Engine) exists(id string) bool {
@@ -287,7 +314,7 @@ func (e *Engine) simple(ctx context.Context, verb, op, id string) error {
 		return fmt.Errorf("%s sandbox %q: %w", verb, id, errdefs.ErrNotFound)
 	}
 	start := time.Now()
-	if _, err := e.runsc(ctx, id, op, id); err != nil {
+	if _, err := e.runsc(ctx, "", op, e.cid(id)); err != nil {
 		return fmt.Errorf("%s sandbox %q: %w", verb, id, err)
 	}
 	e.log.Debug("runsc "+op, "sandbox", id, "took", time.Since(start))
@@ -300,7 +327,7 @@ func (e *Engine) Status(ctx context.Context, id string) (engine.Status, error) {
 	if err := checkID(id); err != nil {
 		return engine.Status{}, err
 	}
-	st, err := e.state(ctx, id)
+	st, err := e.state(ctx, e.cid(id))
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			if e.exists(id) {
@@ -362,7 +389,7 @@ func (e *Engine) Stats(ctx context.Context, id string) (engine.Stats, error) {
 	if !e.exists(id) {
 		return engine.Stats{}, fmt.Errorf("reading stats of sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
-	out, err := e.runsc(ctx, id, "events", "--stats", id)
+	out, err := e.runsc(ctx, "", "events", "--stats", e.cid(id))
 	if err != nil {
 		return engine.Stats{}, fmt.Errorf("reading stats of sandbox %q: %w", id, err)
 	}
@@ -416,20 +443,7 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 	}
 	start := time.Now()
 	log := e.log.With("sandbox", id)
-	if _, err := e.state(ctx, id); err == nil {
-		if _, err := e.runsc(ctx, id, "delete", "-force", id); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
-			// A container that runsc cannot delete yet ("not stopped"):
-			// kill it and retry.
-			e.runsc(ctx, id, "kill", id, "KILL")
-			if _, err2 := e.runsc(ctx, id, "delete", "-force", id); err2 != nil && !errors.Is(err2, errdefs.ErrNotFound) {
-				return fmt.Errorf("deleting sandbox %q: %w", id, err2)
-			}
-		}
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
-		return fmt.Errorf("deleting sandbox %q: %w", id, err)
-	}
-	e.removeCgroups(id)
-	if err := os.RemoveAll(e.dir(id)); err != nil {
+	if err := e.remove(ctx, e.cid(id), e.dir(id)); err != nil {
 		return fmt.Errorf("deleting sandbox %q: %w", id, err)
 	}
 	log.Info("sandbox deleted", "took", time.Since(start))
@@ -454,7 +468,9 @@ func (e *Engine) List(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("listing sandboxes: %w", err)
 	}
 	for _, l := range strings.Split(string(out), "\n") {
-		if l = strings.TrimSpace(l); l != "" {
+		// Pool containers are not sandboxes (or are, under their
+		// sandbox's ID, listed by its dir).
+		if l = strings.TrimSpace(l); l != "" && !isPoolID(l) {
 			set[l] = true
 		}
 	}
