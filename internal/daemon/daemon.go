@@ -256,6 +256,13 @@ func (d *Daemon) Close() error {
 	if c, ok := d.images.(io.Closer); ok {
 		c.Close()
 	}
+	for _, e := range d.engines {
+		if c, ok := e.(io.Closer); ok {
+			if cerr := c.Close(); cerr != nil {
+				d.log.Warn("closing engine", "engine", e.Name(), "err", cerr)
+			}
+		}
+	}
 	if d.lock != nil {
 		d.lock.Close()
 	}

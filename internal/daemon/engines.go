@@ -1,12 +1,13 @@
 package daemon
 
 import (
-	"fmt"
 	"log/slog"
 	"path/filepath"
 
 	"github.com/k7-dev/k7/internal/engine"
-	"github.com/k7-dev/k7/internal/errdefs"
+	"github.com/k7-dev/k7/internal/engine/fake"
+	"github.com/k7-dev/k7/internal/engine/gvisor"
+	"github.com/k7-dev/k7/internal/engine/qemu"
 )
 
 // engineReg is one row of the engine table.
@@ -22,6 +23,7 @@ type engineReg struct {
 // them. It is the only place engines are registered.
 var engineTable = []engineReg{
 	{name: "gvisor", open: openGvisor},
+	{name: "qemu", open: openQEMU},
 	{name: "fake", open: openFake},
 }
 
@@ -41,9 +43,13 @@ func engineRoot(stateDir, name string) string {
 }
 
 func openGvisor(cfg *Config, root string, log *slog.Logger) (engine.Engine, error) {
-	return nil, fmt.Errorf("gvisor engine is not built into this k7d yet: %w", errdefs.ErrUnavailable)
+	return gvisor.New(gvisor.Config{Runsc: cfg.Runsc, Root: root, AgentPath: cfg.Agent, Platform: cfg.Platform, Log: log})
+}
+
+func openQEMU(cfg *Config, root string, log *slog.Logger) (engine.Engine, error) {
+	return qemu.New(qemu.Config{Root: root, AgentPath: cfg.Agent, Log: log})
 }
 
 func openFake(cfg *Config, root string, log *slog.Logger) (engine.Engine, error) {
-	return nil, fmt.Errorf("fake engine is not built into this k7d yet: %w", errdefs.ErrUnavailable)
+	return fake.New(fake.Config{Root: root, Log: log})
 }
