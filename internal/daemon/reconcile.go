@@ -223,6 +223,12 @@ func (d *Daemon) CleanupAll(ctx context.Context) error {
 				d.sbLog(id).Info("cleanup: sandbox deleted", "engine", name)
 			}
 		}
+		if ds, ok := eng.(engine.Destroyer); ok && len(errs) == 0 {
+			if err := ds.Destroy(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("destroying engine %s: %w", name, err))
+			}
+			delete(d.engines, name)
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return err

@@ -154,3 +154,10 @@ type Forker interface {
 	// is reachable through Connect. On error nothing is left behind.
 	Restore(ctx context.Context, req *RestoreRequest) error
 }
+
+// Destroyer is implemented by engines that keep host state beyond their
+// sandboxes (mounts, cgroups, pools). Destroy removes it once every sandbox
+// is deleted; `k7d --cleanup` calls it.
+type Destroyer interface {
+	Destroy(ctx context.Context) error
+}
