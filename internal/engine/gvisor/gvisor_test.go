@@ -230,3 +230,135 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 		t.Errorf("List after a failed Create contains %s", id)
 	}
 }
+
+func execOut(t *testing.T, ctx context.Context, c *client.Client, args ...string) string {
+	t.Helper()
+	var out strings.Builder
+	p, err := c.Exec(ctx, &client.ExecRequest{Args: args}, client.Stdio{Stdout: &out})
+	if err != nil {
+		t.Fatalf("exec %q: %v", args, err)
+	}
+	if st, err := p.Wait(ctx); err != nil || st.Code != 0 {
+		t.Fatalf("exec %q: %+v, %v", args, st, err)
+	}
+	return out.String()
+}
+
+// TestDaemonRestart: a second Engine on the same root (a restarted daemon)
+// sees, reaches and deletes the first one's sandboxes; the agent keeps
+// what it was doing.
+func TestDaemonRestart(t *testing.T) {
+	e1 := newTestEngine(t)
+	rootfs := enginetest.BusyboxRootfs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id, c1 := started(t, ctx, e1, rootfs, engine.Resources{})
+	execOut(t, ctx, c1, "sh", "-c", "echo before > /tmp/f")
+	// The old daemon dies mid-conversation: a command is running and its
+	// output is pending when the stream goes away.
+	if _, err := c1.Exec(ctx, &client.ExecRequest{Args: []string{"sh", "-c", "sleep 0.2; echo late"}}, client.Stdio{}); err != nil {
+		t.Fatal(err)
+	}
+	c1.Close()
+
+	e2, err := New(e1.cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids, err := e2.List(ctx)
+	if err != nil || !slices.Contains(ids, id) {
+		t.Fatalf("List after restart: got %v, %v; want %s", ids, err, id)
+	}
+	if st, err := e2.Status(ctx, id); err != nil || st.State != engine.StateRunning {
+		t.Fatalf("Status after restart: %+v, %v", st, err)
+	}
+	time.Sleep(300 * time.Millisecond) // let the orphaned command write into the FIFO
+	rw, err := e2.Connect(ctx, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2 := client.New(rw)
+	defer c2.Close()
+	if _, err := c2.Handshake(ctx); err != nil {
+		t.Fatalf("Handshake after restart: %v", err)
+	}
+	if got := execOut(t, ctx, c2, "cat", "/tmp/f"); got != "before\n" {
+		t.Errorf("after restart: got %q", got)
+	}
+	if err := e2.Delete(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if d := cgroupDirs(e2, id); len(d) > 0 {
+		t.Errorf("cgroups left: %v", d)
+	}
+}
+
+// TestForkPool: a Restore takes a pre-created container from the pool;
+// the child is a normal sandbox under its own ID, and Delete removes the
+// pool container's runsc state and cgroups.
+func TestForkPool(t *testing.T) {
+	e := newTestEngine(t)
+	rootfs := enginetest.BusyboxRootfs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	res := engine.Resources{MemoryBytes: 256 << 20}
+	id, c := started(t, ctx, e, rootfs, res)
+	execOut(t, ctx, c, "sh", "-c", "echo parent > /tmp/m")
+	capture := filepath.Join(t.TempDir(), "capture")
+	if _, err := e.Checkpoint(ctx, &engine.CheckpointRequest{ID: id, Dir: capture}); err != nil {
+		t.Fatal(err)
+	}
+	key := poolKey{rootfs: rootfs, res: res}
+	e.refill(key)
+	e.waitPool(key)
+
+	child := enginetest.NewID()
+	if err := e.Restore(ctx, &engine.RestoreRequest{CreateRequest: engine.CreateRequest{ID: child, Rootfs: rootfs, Resources: res}, From: capture}); err != nil {
+		t.Fatalf("Restore: %v", err)
+	}
+	t.Cleanup(func() { e.Delete(context.Background(), child) })
+	cid := e.cid(child)
+	if !isPoolID(cid) {
+		t.Fatalf("child's container: got %q, want a pool container", cid)
+	}
+	rw, err := e.Connect(ctx, child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cc := client.New(rw)
+	defer cc.Close()
+	if _, err := cc.Handshake(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := execOut(t, ctx, cc, "cat", "/tmp/m"); got != "parent\n" {
+		t.Errorf("child's /tmp/m: got %q", got)
+	}
+	if err := e.Pause(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	if st, err := e.Status(ctx, child); err != nil || st.State != engine.StatePaused {
+		t.Errorf("Status: %+v, %v", st, err)
+	}
+	if err := e.Resume(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Stats(ctx, child); err != nil {
+		t.Error(err)
+	}
+	if got := readTrim(t, filepath.Join("/sys/fs/cgroup/memory", e.cgroupsPath(cid), "memory.limit_in_bytes")); got != "268435456" {
+		t.Errorf("child's memory limit: got %s", got)
+	}
+	ids, _ := e.List(ctx)
+	if !slices.Contains(ids, child) || slices.ContainsFunc(ids, isPoolID) {
+		t.Errorf("List: got %v, want %s and no pool container", ids, child)
+	}
+	if err := e.Delete(ctx, child); err != nil {
+		t.Fatal(err)
+	}
+	if d := cgroupDirs(e, cid); len(d) > 0 {
+		t.Errorf("cgroups left: %v", d)
+	}
+	if _, err := e.state(ctx, cid); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("runsc state of the deleted child's container: %v", err)
+	}
+}

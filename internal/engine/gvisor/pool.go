@@ -197,8 +197,10 @@ func (e *Engine) clearStalePool(ctx context.Context) {
 	}
 }
 
-// Close removes the fork pool's containers, stops refilling the pool, and
-// removes the engine's parent cgroups if no sandbox is left in them.
+// Close removes the fork pool's containers and stops refilling the pool.
+// When no container is left, it also removes the engine's parent cgroups
+// and unmounts the empty network namespace runsc pins under its root
+// (runsc makes a new one when needed), so that Root can be removed.
 // Sandboxes keep running. Call it once, when the engine is no longer used.
 func (e *Engine) Close() error {
 	p := &e.pool
@@ -216,9 +218,15 @@ func (e *Engine) Close() error {
 	for _, ent := range ents {
 		e.destroy(ctx, e.log, ent.cid, e.poolDir(ent.cid))
 	}
+	if out, err := e.runsc(ctx, "", "list", "-quiet"); err != nil || len(strings.TrimSpace(string(out))) > 0 {
+		return nil
+	}
 	for _, c := range cgroupControllers {
-		unix.Rmdir(filepath.Join("/sys/fs/cgroup", c, e.cgParent)) // fails while in use
+		unix.Rmdir(filepath.Join("/sys/fs/cgroup", c, e.cgParent))
 	}
 	unix.Rmdir(filepath.Join("/sys/fs/cgroup", e.cgParent))
+	// Concurrent runsc commands may have stacked several mounts.
+	for unix.Unmount(filepath.Join(e.runscRoot, "null-netns"), unix.MNT_DETACH) == nil {
+	}
 	return nil
 }
