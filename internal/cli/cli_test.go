@@ -257,11 +257,11 @@ func TestInfoVersionPrune(t *testing.T) {
 	f.mu.Lock()
 	f.sandboxes[id].State = v1.StateDead
 	f.mu.Unlock()
-	if got := mustK7(t, host, "ls", "-q"); got != "" {
-		t.Errorf("ls -q without -a listed the dead sandbox: %q", got)
+	if got := mustK7(t, host, "ls", "--live", "-q"); got != "" {
+		t.Errorf("ls --live -q listed the dead sandbox: %q", got)
 	}
-	if got := mustK7(t, host, "ls", "-aq"); got != id+"\n" {
-		t.Errorf("ls -aq = %q", got)
+	if got := mustK7(t, host, "ls", "-q"); got != id+"\n" {
+		t.Errorf("ls -q = %q, want the dead sandbox listed", got)
 	}
 	out, _, code := k7(t, host, "y\n", "system", "prune")
 	if code != 0 || out != id+"\n" {

@@ -9,16 +9,16 @@ import (
 )
 
 func newLsCmd(g *globals) *cobra.Command {
-	var quiet, all bool
+	var quiet, live bool
 	cmd := &cobra.Command{
-		Use:     "ls [-a] [-q]",
+		Use:     "ls [--live] [-q]",
 		Aliases: []string{"ps", "list"},
 		Short:   "List sandboxes",
-		Long: `List the node's sandboxes. Without -a, only live ones (creating, running,
-paused); -a adds stopped and dead ones.`,
+		Long: `List the node's sandboxes in every state, dead and stopped ones with the
+reason. --live lists only creating, running and paused ones.`,
 		Example: `  k7 ls
-  k7 ls -a -o json
-  k7 rm -f $(k7 ls -aq)`,
+  k7 ls --live -o json
+  k7 rm -f $(k7 ls -q)`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			c, err := g.client()
@@ -31,7 +31,7 @@ paused); -a adds stopped and dead ones.`,
 			}
 			shown := []v1.Sandbox{}
 			for _, sb := range list {
-				if all || sb.State != v1.StateStopped && sb.State != v1.StateDead {
+				if !live || sb.State != v1.StateStopped && sb.State != v1.StateDead {
 					shown = append(shown, sb)
 				}
 			}
@@ -56,6 +56,6 @@ paused); -a adds stopped and dead ones.`,
 		},
 	}
 	cmd.Flags().BoolVarP(&quiet, "quiet", "q", false, "print only sandbox IDs, one a line")
-	cmd.Flags().BoolVarP(&all, "all", "a", false, "include stopped and dead sandboxes")
+	cmd.Flags().BoolVar(&live, "live", false, "only creating, running and paused sandboxes")
 	return cmd
 }

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"text/tabwriter"
 	"time"
+
+	v1 "github.com/k7-dev/k7/api/v1"
 )
 
 // printJSON writes v as indented JSON.
@@ -79,4 +81,14 @@ func humanBytes(n int64) string {
 // humanNS renders a nanosecond duration.
 func humanNS(ns int64) string {
 	return time.Duration(ns).Round(time.Microsecond).String()
+}
+
+// printOp prints the result of an operation on one sandbox: its ID, or the
+// whole result (with the daemon's latency) with -o json.
+func printOp(g *globals, r *v1.OpResult) error {
+	if g.json() {
+		return printJSON(g.streams.Out, r)
+	}
+	_, err := fmt.Fprintln(g.streams.Out, r.ID)
+	return err
 }

@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"fmt"
-
 	"github.com/spf13/cobra"
 )
 
@@ -24,8 +22,7 @@ func newPauseCmd(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				fmt.Fprintln(g.streams.Out, r.ID)
-				return nil
+				return printOp(g, r)
 			})
 		},
 	}

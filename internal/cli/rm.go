@@ -1,8 +1,6 @@
 package cli
 
 import (
-	"fmt"
-
 	"github.com/spf13/cobra"
 )
 
@@ -27,8 +25,7 @@ for one sandbox does not stop the others, but makes the exit code 1.`,
 				if err != nil {
 					return err
 				}
-				fmt.Fprintln(g.streams.Out, r.ID)
-				return nil
+				return printOp(g, r)
 			})
 		},
 	}
