@@ -246,10 +246,11 @@ func (e *Engine) runsc(ctx context.Context, dir string, args ...string) ([]byte,
 
 func runscError(op string, err error, stderr []byte) error {
 	msg := strings.TrimSpace(string(stderr))
-	if i := strings.LastIndex(msg, "\n"); i >= 0 && len(msg) > 2000 {
-		msg = msg[i+1:]
+	if len(msg) > 2000 {
+		msg = "..." + msg[len(msg)-2000:]
 	}
-	if strings.Contains(msg, "file does not exist") || strings.Contains(msg, "no such file") && strings.Contains(msg, "loading container") {
+	if strings.Contains(msg, "loading container") &&
+		(strings.Contains(msg, "does not exist") || strings.Contains(msg, "no such file") || strings.Contains(msg, "not found")) {
 		return fmt.Errorf("runsc %s: %s: %w", op, msg, errdefs.ErrNotFound)
 	}
 	if msg == "" {

@@ -362,3 +362,41 @@ func TestForkPool(t *testing.T) {
 		t.Errorf("runsc state of the deleted child's container: %v", err)
 	}
 }
+
+// TestPausedSandbox: a paused sandbox can be checkpointed (the capture
+// restores running) and deleted.
+func TestPausedSandbox(t *testing.T) {
+	e := newTestEngine(t)
+	rootfs := enginetest.BusyboxRootfs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	id, _ := started(t, ctx, e, rootfs, engine.Resources{})
+	if err := e.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	capture := filepath.Join(t.TempDir(), "capture")
+	if _, err := e.Checkpoint(ctx, &engine.CheckpointRequest{ID: id, Dir: capture}); err != nil {
+		t.Errorf("Checkpoint of a paused sandbox: %v", err)
+	} else {
+		child := enginetest.NewID()
+		if err := e.Restore(ctx, &engine.RestoreRequest{CreateRequest: engine.CreateRequest{ID: child, Rootfs: rootfs}, From: capture}); err != nil {
+			t.Errorf("Restore from a paused source: %v", err)
+		} else {
+			t.Cleanup(func() { e.Delete(context.Background(), child) })
+			st, err := e.Status(ctx, child)
+			t.Logf("child of a paused source: %+v, %v", st, err)
+		}
+	}
+	if st, err := e.Status(ctx, id); err != nil || st.State != engine.StatePaused {
+		t.Errorf("Status after Checkpoint: %+v, %v; want paused", st, err)
+	}
+	if err := e.Delete(ctx, id); err != nil {
+		t.Fatalf("Delete of a paused sandbox: %v", err)
+	}
+	if _, err := e.Status(ctx, id); !errors.Is(err, errdefs.ErrNotFound) {
+		t.Errorf("Status after Delete: %v", err)
+	}
+	if d := cgroupDirs(e, id); len(d) > 0 {
+		t.Errorf("cgroups left: %v", d)
+	}
+}

@@ -15,8 +15,9 @@ const defaultPath = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbi
 // cpuPeriod is the CFS period in µs.
 const cpuPeriod = 100000
 
-// defaultCaps is the capability set of the agent and its commands (Docker's
-// default set; the sandbox's kernel is gVisor's, not the host's).
+// defaultCaps is the capability set of the agent and its commands: Docker's
+// default set plus CAP_SYS_ADMIN, which the agent needs as init (mounts,
+// sethostname after a fork). The capabilities are gVisor's, not the host's.
 var defaultCaps = []string{
 	"CAP_CHOWN", "CAP_DAC_OVERRIDE", "CAP_FSETID", "CAP_FOWNER", "CAP_MKNOD",
 	"CAP_NET_RAW", "CAP_SETGID", "CAP_SETUID", "CAP_SETFCAP", "CAP_SETPCAP",
