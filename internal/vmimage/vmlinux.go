@@ -26,7 +26,7 @@ func ExtractVmlinux(vmlinuz, dst string) error {
 	if err != nil {
 		return fmt.Errorf("reading kernel: %w", err)
 	}
-	var lastErr error = errors.New("no xz stream found")
+	lastErr := errors.New("no xz stream found")
 	for off := 0; ; {
 		i := bytes.Index(data[off:], xzMagic)
 		if i < 0 {
@@ -118,13 +118,13 @@ func writeAtomic(dst string, mode os.FileMode, fill func(f *os.File) error) erro
 		return err
 	}
 	tmp := f.Name()
-	defer os.Remove(tmp)
+	defer func() { _ = os.Remove(tmp) }()
 	if err := fill(f); err != nil {
-		f.Close()
+		_ = f.Close()
 		return err
 	}
 	if err := f.Chmod(mode); err != nil {
-		f.Close()
+		_ = f.Close()
 		return err
 	}
 	if err := f.Close(); err != nil {
@@ -150,11 +150,12 @@ func decodeKernelXZ(stream []byte) ([]byte, error) {
 	flags := bh[1]
 	nfilters := int(flags&3) + 1
 	r := bytes.NewReader(bh[2:hsize])
-	if flags&0x40 != 0 {
-		readUvarint(r)
-	}
-	if flags&0x80 != 0 {
-		readUvarint(r)
+	for _, bit := range []byte{0x40, 0x80} { // compressed, uncompressed size
+		if flags&bit != 0 {
+			if _, err := readUvarint(r); err != nil {
+				return nil, err
+			}
+		}
 	}
 	var ids []uint64
 	var lzmaProp byte

@@ -62,7 +62,7 @@ func chooseAccel(ctx context.Context, qemuBin, dir, configured string) (accelCho
 	b, _ := json.Marshal(c)
 	tmp := cache + ".tmp"
 	if os.WriteFile(tmp, b, 0o644) == nil {
-		os.Rename(tmp, cache)
+		_ = os.Rename(tmp, cache)
 	}
 	return c, nil
 }
@@ -134,7 +134,7 @@ func runProbe(ctx context.Context, qemuBin, fw, accel string, timeout time.Durat
 	select {
 	case err = <-done:
 	case <-ctx.Done():
-		cmd.Process.Kill()
+		_ = cmd.Process.Kill()
 		select {
 		case <-done:
 		case <-time.After(200 * time.Millisecond):
@@ -149,7 +149,7 @@ func runProbe(ctx context.Context, qemuBin, fw, accel string, timeout time.Durat
 	case err == nil:
 		return d, errors.New("QEMU exited without the probe's exit code")
 	default:
-		return d, fmt.Errorf("%v: %s", err, strings.TrimSpace(stderr.String()))
+		return d, fmt.Errorf("%w: %s", err, strings.TrimSpace(stderr.String()))
 	}
 }
 

@@ -73,7 +73,9 @@ func (e *Engine) checkpoint(ctx context.Context, q *qmp, st *vmState, dir string
 	var s struct {
 		Running bool `json:"running"`
 	}
-	json.Unmarshal(raw, &s)
+	if err := json.Unmarshal(raw, &s); err != nil {
+		return nil, fmt.Errorf("decoding query-status: %w", err)
+	}
 
 	start := time.Now()
 	if s.Running {
@@ -127,7 +129,7 @@ func copySparse(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	defer in.Close()
+	defer func() { _ = in.Close() }()
 	fi, err := in.Stat()
 	if err != nil {
 		return err
@@ -136,7 +138,7 @@ func copySparse(src, dst string) error {
 	if err != nil {
 		return err
 	}
-	defer out.Close()
+	defer func() { _ = out.Close() }()
 	if err := out.Truncate(fi.Size()); err != nil {
 		return err
 	}
@@ -182,7 +184,7 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) error 
 	}
 	var m manifest
 	if err := json.Unmarshal(b, &m); err != nil {
-		return fmt.Errorf("restoring sandbox %q: reading capture manifest: %v: %w", req.ID, err, errdefs.ErrInvalidArgument)
+		return fmt.Errorf("restoring sandbox %q: reading capture manifest: %w: %w", req.ID, err, errdefs.ErrInvalidArgument)
 	}
 	version := m.EngineVersion
 	if b, err := os.ReadFile(filepath.Join(req.From, versionFile)); err == nil {
@@ -201,7 +203,7 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) error 
 	if st.Disk != "" {
 		if _, err := os.Stat(st.Disk); err != nil {
 			if req.Rootfs == "" {
-				return fmt.Errorf("restoring sandbox %q: root disk of the capture: %v: %w", req.ID, err, errdefs.ErrFailedPrecondition)
+				return fmt.Errorf("restoring sandbox %q: root disk of the capture: %w: %w", req.ID, err, errdefs.ErrFailedPrecondition)
 			}
 			if st.Disk, err = e.rootDisk(ctx, req.Rootfs); err != nil {
 				return fmt.Errorf("restoring sandbox %q: %w", req.ID, err)

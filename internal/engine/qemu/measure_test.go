@@ -20,7 +20,7 @@ func TestMeasure(t *testing.T) {
 		t.Skip("set K7_QEMU_MEASURE=1")
 	}
 	n := 5
-	fmt.Sscan(os.Getenv("K7_QEMU_MEASURE_N"), &n)
+	_, _ = fmt.Sscan(os.Getenv("K7_QEMU_MEASURE_N"), &n)
 	e, rootfs := newEngine(t)
 	ctx := context.Background()
 	name, reason := e.Accel()
@@ -61,7 +61,7 @@ func TestMeasure(t *testing.T) {
 		}
 		answer(kid)
 		fork = append(fork, time.Since(t0))
-		e.Delete(ctx, kid)
+		_ = e.Delete(ctx, kid)
 
 		t0 = time.Now()
 		var wg sync.WaitGroup
@@ -74,7 +74,7 @@ func TestMeasure(t *testing.T) {
 					t.Error(err)
 					return
 				}
-				t.Cleanup(func() { e.Delete(context.Background(), kid) })
+				t.Cleanup(func() { _ = e.Delete(context.Background(), kid) })
 				answer(kid)
 			}(k)
 		}
@@ -92,9 +92,9 @@ func TestMeasure(t *testing.T) {
 				p>>20, r>>20, pss>>20, rss>>20, DefaultMemoryBytes>>20)
 		}
 		for k := 0; k < 4; k++ {
-			e.Delete(ctx, fmt.Sprintf("%sf%d", id, k))
+			_ = e.Delete(ctx, fmt.Sprintf("%sf%d", id, k))
 		}
-		e.Delete(ctx, id)
+		_ = e.Delete(ctx, id)
 	}
 	for _, m := range []struct {
 		name string

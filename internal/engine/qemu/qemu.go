@@ -206,9 +206,9 @@ func (e *Engine) prepareKernel() error {
 		return err
 	}
 	magic := make([]byte, 4)
-	io.ReadFull(f, magic)
+	_, _ = io.ReadFull(f, magic)
 	fi, _ := f.Stat()
-	f.Close()
+	_ = f.Close()
 	if string(magic) == "\x7fELF" {
 		e.vmlinux = e.cfg.Kernel
 		return nil
@@ -242,7 +242,7 @@ func (e *Engine) prepareInitramfs() error {
 			return err
 		}
 	}
-	fmt.Fprintln(h, e.release, strings.Join(mods, " "))
+	_, _ = fmt.Fprintln(h, e.release, strings.Join(mods, " "))
 	sum := hex.EncodeToString(h.Sum(nil))[:16]
 	e.initrd = filepath.Join(e.cfg.Root, "boot", "initrd-"+sum+".cpio")
 	e.version = fmt.Sprintf("%s; kernel %s; initrd %s; accel %s", e.qemuVer, e.release, sum, e.accel.Name)
@@ -274,7 +274,7 @@ func (e *Engine) buildVMInit() (string, error) {
 	cmd.Dir = src
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOOS=linux", "GOARCH=amd64")
 	if b, err := cmd.CombinedOutput(); err != nil {
-		return "", fmt.Errorf("building vminit: %v: %s", err, b)
+		return "", fmt.Errorf("building vminit: %w: %s", err, b)
 	}
 	return out, os.Rename(tmp, out)
 }
@@ -284,7 +284,7 @@ func hashFile(h io.Writer, p string) error {
 	if err != nil {
 		return err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	_, err = io.Copy(h, f)
 	return err
 }
@@ -305,7 +305,7 @@ func cpuinfoMHz() int64 {
 	if err != nil {
 		return 0
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")

@@ -31,7 +31,7 @@ func TestMain(m *testing.M) {
 	}
 	testRoot = d
 	code := m.Run()
-	os.RemoveAll(d)
+	_ = os.RemoveAll(d)
 	testutil.Cleanup()
 	os.Exit(code)
 }
@@ -69,7 +69,7 @@ func busyboxRootfs(t testing.TB, dir string) string {
 			t.Fatal(err)
 		}
 	}
-	os.Chmod(filepath.Join(dir, "tmp"), 0o1777)
+	_ = os.Chmod(filepath.Join(dir, "tmp"), 0o1777)
 	b, err := os.ReadFile(bb)
 	if err != nil {
 		t.Fatal(err)
@@ -83,11 +83,11 @@ func busyboxRootfs(t testing.TB, dir string) string {
 	}
 	for _, name := range strings.Fields(string(out)) {
 		if name != "busybox" {
-			os.Symlink("busybox", filepath.Join(dir, "bin", name))
+			_ = os.Symlink("busybox", filepath.Join(dir, "bin", name))
 		}
 	}
-	os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"), 0o644)
-	os.WriteFile(filepath.Join(dir, "etc", "group"), []byte("root:x:0:\nnogroup:x:65534:\n"), 0o644)
+	_ = os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"), 0o644)
+	_ = os.WriteFile(filepath.Join(dir, "etc", "group"), []byte("root:x:0:\nnogroup:x:65534:\n"), 0o644)
 	return dir
 }
 
@@ -117,7 +117,7 @@ func create(t *testing.T, e *Engine, id, rootfs string) {
 	if err := e.Create(ctx, &engine.CreateRequest{ID: id, Hostname: "sb-" + id, Rootfs: rootfs, Env: []string{"K7_TEST=1"}}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.Delete(context.Background(), id) })
+	t.Cleanup(func() { _ = e.Delete(context.Background(), id) })
 }
 
 func connect(t testing.TB, e *Engine, id string) *client.Client {
@@ -130,10 +130,10 @@ func connect(t testing.TB, e *Engine, id string) *client.Client {
 	}
 	c := client.New(rw)
 	if _, err := c.Handshake(ctx); err != nil {
-		c.Close()
+		_ = c.Close()
 		t.Fatalf("handshake with %s: %v", id, err)
 	}
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
@@ -238,7 +238,7 @@ func TestReattach(t *testing.T) {
 	create(t, e, "r1", rootfs)
 	c := connect(t, e, "r1")
 	run(t, c, "sh", "-c", "echo before > /tmp/x")
-	c.Close()
+	_ = c.Close()
 	e2, err := New(e.cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -357,7 +357,7 @@ func TestFork(t *testing.T) {
 		if err := e.Restore(ctx, &engine.RestoreRequest{CreateRequest: engine.CreateRequest{ID: id, Rootfs: rootfs}, From: capDir}); err != nil {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() { e.Delete(context.Background(), id) })
+		t.Cleanup(func() { _ = e.Delete(context.Background(), id) })
 		t1 := time.Now()
 		kc := connect(t, e, id)
 		t2 := time.Now()
@@ -409,6 +409,19 @@ func TestFork(t *testing.T) {
 	if out, _ := run(t, c, "cat", "/tmp/marker"); out != "marker\n" {
 		t.Errorf("source after fork: %q", out)
 	}
+	// The source can be forked again.
+	run(t, c, "sh", "-c", "echo second > /tmp/marker")
+	cap3 := t.TempDir()
+	if _, err := e.Checkpoint(ctx, &engine.CheckpointRequest{ID: "src", Dir: cap3}); err != nil {
+		t.Fatalf("second checkpoint: %v", err)
+	}
+	if err := e.Restore(ctx, &engine.RestoreRequest{CreateRequest: engine.CreateRequest{ID: "kid2"}, From: cap3}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = e.Delete(context.Background(), "kid2") })
+	if out, _ := run(t, connect(t, e, "kid2"), "cat", "/tmp/marker"); out != "second\n" {
+		t.Errorf("child of the second checkpoint: marker %q", out)
+	}
 	// A child can be forked again (its RAM is private: the stream carries it).
 	cap2 := t.TempDir()
 	if _, err := e.Checkpoint(ctx, &engine.CheckpointRequest{ID: "kid0", Dir: cap2}); err != nil {
@@ -417,14 +430,14 @@ func TestFork(t *testing.T) {
 	if err := e.Restore(ctx, &engine.RestoreRequest{CreateRequest: engine.CreateRequest{ID: "grandkid"}, From: cap2}); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { e.Delete(context.Background(), "grandkid") })
+	t.Cleanup(func() { _ = e.Delete(context.Background(), "grandkid") })
 	if out, _ := run(t, connect(t, e, "grandkid"), "cat", "/tmp/own"); out != "kid0\n" {
 		t.Errorf("grandchild: /tmp/own = %q", out)
 	}
 	// Delete of a child leaves nothing, and the capture is not needed by
 	// the others after they started.
 	st, _ := e.readState("kid1")
-	e.Delete(ctx, "kid1")
+	_ = e.Delete(ctx, "kid1")
 	assertNothingLeft(t, e, st)
 }
 
@@ -445,7 +458,7 @@ func readAllClose(r interface {
 	Read([]byte) (int, error)
 	Close() error
 }) ([]byte, error) {
-	defer r.Close()
+	defer func() { _ = r.Close() }()
 	var b bytes.Buffer
 	_, err := b.ReadFrom(r)
 	return b.Bytes(), err

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -47,11 +46,11 @@ func dialQMP(ctx context.Context, sock string) (*qmp, error) {
 	}
 	q := &qmp{conn: conn, r: bufio.NewReader(conn)}
 	if _, err := q.read(ctx); err != nil { // greeting
-		conn.Close()
+		_ = conn.Close()
 		return nil, fmt.Errorf("reading QMP greeting: %w", err)
 	}
 	if _, err := q.Execute(ctx, "qmp_capabilities", nil); err != nil {
-		conn.Close()
+		_ = conn.Close()
 		return nil, err
 	}
 	return q, nil
@@ -61,11 +60,11 @@ func (q *qmp) Close() error { return q.conn.Close() }
 
 func (q *qmp) read(ctx context.Context) (*qmpReply, error) {
 	if dl, ok := ctx.Deadline(); ok {
-		q.conn.SetReadDeadline(dl)
+		_ = q.conn.SetReadDeadline(dl)
 	} else {
-		q.conn.SetReadDeadline(time.Time{})
+		_ = q.conn.SetReadDeadline(time.Time{})
 	}
-	stop := context.AfterFunc(ctx, func() { q.conn.SetReadDeadline(time.Unix(1, 0)) })
+	stop := context.AfterFunc(ctx, func() { _ = q.conn.SetReadDeadline(time.Unix(1, 0)) })
 	defer stop()
 	line, err := q.r.ReadBytes('\n')
 	if err != nil {
@@ -133,5 +132,3 @@ func (q *qmp) WaitEvent(ctx context.Context, match func(qmpEvent) bool) (qmpEven
 		}
 	}
 }
-
-var errQMPGone = errors.New("QEMU monitor closed")

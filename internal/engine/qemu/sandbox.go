@@ -69,16 +69,16 @@ func (e *Engine) start(ctx context.Context, st *vmState, log interface {
 		}
 	}()
 	cu.add(func() {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir)
 		if st.MemFile != "" {
-			os.Remove(st.MemFile)
+			_ = os.Remove(st.MemFile)
 		}
 		if st.SockDir != dir {
-			os.RemoveAll(st.SockDir)
+			_ = os.RemoveAll(st.SockDir)
 		}
 	})
 	if st.SockDir != dir {
-		os.RemoveAll(st.SockDir)
+		_ = os.RemoveAll(st.SockDir)
 		if err := os.MkdirAll(st.SockDir, 0o700); err != nil {
 			return err
 		}
@@ -96,7 +96,7 @@ func (e *Engine) start(ctx context.Context, st *vmState, log interface {
 	if err != nil {
 		return err
 	}
-	defer q.Close()
+	defer func() { _ = q.Close() }()
 	step("monitor", t)
 	if st.Incoming != "" {
 		t = time.Now()
@@ -110,7 +110,7 @@ func (e *Engine) start(ctx context.Context, st *vmState, log interface {
 	if err != nil {
 		return err
 	}
-	cu.add(func() { conn.Close() })
+	cu.add(func() { _ = conn.Close() })
 	if _, err := q.Execute(ctx, "cont", nil); err != nil {
 		return err
 	}
@@ -122,11 +122,13 @@ func (e *Engine) start(ctx context.Context, st *vmState, log interface {
 				ID   string `json:"id"`
 				Open bool   `json:"open"`
 			}
-			json.Unmarshal(ev.Data, &d)
+			if json.Unmarshal(ev.Data, &d) != nil {
+				return false
+			}
 			return ev.Event == "VSERPORT_CHANGE" && d.ID == "agentport" && d.Open
 		})
 		if err != nil {
-			return fmt.Errorf("waiting for the agent: %v; console: %s", err, e.tail(st.ID, "console.log"))
+			return fmt.Errorf("waiting for the agent: %w; console: %s", err, e.tail(st.ID, "console.log"))
 		}
 		step("boot", t)
 	}
@@ -173,7 +175,9 @@ func waitMigration(ctx context.Context, q *qmp) error {
 			Status    string `json:"status"`
 			ErrorDesc string `json:"error-desc"`
 		}
-		json.Unmarshal(raw, &m)
+		if err := json.Unmarshal(raw, &m); err != nil {
+			return fmt.Errorf("decoding query-migrate: %w", err)
+		}
 		switch m.Status {
 		case "completed":
 			return nil
@@ -236,7 +240,7 @@ func (e *Engine) monitor(ctx context.Context, id string, fn func(*qmp, *vmState)
 	if err != nil {
 		return err
 	}
-	defer q.Close()
+	defer func() { _ = q.Close() }()
 	return fn(q, st)
 }
 
@@ -280,7 +284,9 @@ func (e *Engine) Status(ctx context.Context, id string) (engine.Status, error) {
 		var r struct {
 			Status string `json:"status"`
 		}
-		json.Unmarshal(raw, &r)
+		if err := json.Unmarshal(raw, &r); err != nil {
+			return fmt.Errorf("decoding query-status: %w", err)
+		}
 		switch r.Status {
 		case "running":
 			s.State = engine.StateRunning
@@ -333,7 +339,7 @@ func smapsRollup(pid int) (pss, rss int64, err error) {
 	if err != nil {
 		return 0, 0, err
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		k, v, ok := strings.Cut(sc.Text(), ":")
@@ -384,7 +390,7 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 	defer e.lock(id)()
 	dir := e.dir(id)
 	if c, ok := pending.LoadAndDelete(dir); ok {
-		c.(net.Conn).Close()
+		_ = c.(net.Conn).Close()
 	}
 	st, err := e.readState(id)
 	if err != nil && !errors.Is(err, errNoSandbox) {
@@ -393,16 +399,16 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 	if st != nil {
 		e.kill(ctx, st)
 		if st.MemFile != "" {
-			os.Remove(st.MemFile)
+			_ = os.Remove(st.MemFile)
 		}
 		if st.SockDir != "" && st.SockDir != dir {
-			os.RemoveAll(st.SockDir)
+			_ = os.RemoveAll(st.SockDir)
 		}
 	} else if pid, err := readPID(dir); err == nil {
 		// A create that died before writing its state.
 		e.kill(ctx, &vmState{ID: id, PID: pid, StartTime: procStartTime(pid), SockDir: e.sockDir(id)})
 	}
-	os.Remove(filepath.Join(e.cfg.ShmDir, fmt.Sprintf("k7-qemu-%s-%s.mem", e.rootHash, id)))
+	_ = os.Remove(filepath.Join(e.cfg.ShmDir, fmt.Sprintf("k7-qemu-%s-%s.mem", e.rootHash, id)))
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("deleting sandbox %q: %w", id, err)
 	}

@@ -6,7 +6,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/k7-dev/k7/internal/engine"
+	"github.com/k7-dev/k7/internal/errdefs"
 )
 
 // vmState is a sandbox's record, state.json in its dir. It is written once
@@ -106,7 +106,7 @@ func (e *Engine) kernelArgs(st *vmState) (string, error) {
 	}
 	if st.Hostname != "" {
 		if strings.ContainsAny(st.Hostname, " \t\n\"") {
-			return "", fmt.Errorf("host name %q has spaces", st.Hostname)
+			return "", fmt.Errorf("host name %q has spaces: %w", st.Hostname, errdefs.ErrInvalidArgument)
 		}
 		a = append(a, "k7.host="+st.Hostname)
 	}
@@ -115,7 +115,7 @@ func (e *Engine) kernelArgs(st *vmState) (string, error) {
 	}
 	s := strings.Join(a, " ")
 	if len(s) > 2000 {
-		return "", fmt.Errorf("environment too large for the kernel command line (%d bytes)", len(s))
+		return "", fmt.Errorf("environment too large for the kernel command line (%d bytes, at most ~2000): %w", len(s), errdefs.ErrInvalidArgument)
 	}
 	return s, nil
 }
@@ -186,7 +186,7 @@ func (e *Engine) launch(st *vmState) (<-chan struct{}, error) {
 	if err != nil {
 		return nil, err
 	}
-	defer stderr.Close()
+	defer func() { _ = stderr.Close() }()
 	cmd := exec.Command(e.cfg.QEMU, args...)
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = stderr, stderr
@@ -197,13 +197,13 @@ func (e *Engine) launch(st *vmState) (<-chan struct{}, error) {
 	exited := make(chan struct{})
 	children.Store(cmd.Process.Pid, exited)
 	go func() {
-		cmd.Wait()
+		_ = cmd.Wait()
 		close(exited)
 		children.Delete(cmd.Process.Pid)
 	}()
 	st.PID = cmd.Process.Pid
 	st.StartTime = procStartTime(st.PID)
-	os.WriteFile(filepath.Join(dir, "qemu.pid"), []byte(strconv.Itoa(st.PID)), 0o644)
+	_ = os.WriteFile(filepath.Join(dir, "qemu.pid"), []byte(strconv.Itoa(st.PID)), 0o644)
 	return exited, nil
 }
 
@@ -278,13 +278,13 @@ func (e *Engine) kill(ctx context.Context, st *vmState) {
 	}
 	qctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	if q, err := dialQMP(qctx, st.qmpSock()); err == nil {
-		q.Execute(qctx, "quit", nil)
-		q.Close()
+		_, _ = q.Execute(qctx, "quit", nil)
+		_ = q.Close()
 	}
 	cancel()
 	for i := 0; alive(st); i++ {
 		if i == 50 || i == 0 && ctx.Err() != nil {
-			syscall.Kill(st.PID, syscall.SIGKILL)
+			_ = syscall.Kill(st.PID, syscall.SIGKILL)
 		}
 		if i > 3000 {
 			e.log.Warn("QEMU does not exit", "sandbox", st.ID, "pid", st.PID)
@@ -310,12 +310,9 @@ var children sync.Map
 type cleanup []func()
 
 func (c *cleanup) add(f func()) { *c = append(*c, f) }
-func (c *cleanup) release()     { *c = nil }
 func (c *cleanup) run() {
 	for i := len(*c) - 1; i >= 0; i-- {
 		(*c)[i]()
 	}
 	*c = nil
 }
-
-var errGuestDied = errors.New("guest died")

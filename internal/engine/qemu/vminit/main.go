@@ -46,10 +46,10 @@ func run() error {
 	}
 	if fd, err := unix.Open("/dev/console", unix.O_RDWR, 0); err == nil {
 		for i := 0; i < 3; i++ {
-			unix.Dup2(fd, i)
+			_ = unix.Dup2(fd, i)
 		}
 		if fd > 2 {
-			unix.Close(fd)
+			_ = unix.Close(fd)
 		}
 	}
 	if err := unix.Mount("proc", "/proc", "proc", 0, ""); err != nil {
@@ -102,9 +102,12 @@ func run() error {
 	if err != nil {
 		return fmt.Errorf("opening %s: %w", portDev, err)
 	}
-	unix.Dup2(pfd, 0)
-	unix.Dup2(pfd, 1)
-	unix.Close(pfd)
+	for _, fd := range []int{0, 1} {
+		if err := unix.Dup2(pfd, fd); err != nil {
+			return fmt.Errorf("connecting the agent to %s: %w", portDev, err)
+		}
+	}
+	_ = unix.Close(pfd)
 	fmt.Fprintf(os.Stderr, "k7-vminit: starting agent after %v\n", time.Since(t0).Round(time.Millisecond))
 	return execveat(agent, []string{"k7-agent"}, env)
 }
@@ -134,7 +137,7 @@ func loadModules(list string) error {
 			return fmt.Errorf("opening module: %w", err)
 		}
 		err = unix.FinitModule(fd, "", 0)
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		if err != nil && err != unix.EEXIST {
 			// Some modules do not fit the virtual CPU (crc32c_intel
 			// without SSE4.2); a missing driver shows up as a missing
@@ -183,8 +186,8 @@ func mountRoot(dev string) error {
 	if err := unix.Mount("tmpfs", "/rw", "tmpfs", 0, "mode=0755"); err != nil {
 		return fmt.Errorf("mounting writable layer: %w", err)
 	}
-	os.MkdirAll("/rw/upper", 0o755)
-	os.MkdirAll("/rw/work", 0o755)
+	_ = os.MkdirAll("/rw/upper", 0o755)
+	_ = os.MkdirAll("/rw/work", 0o755)
 	if err := unix.Mount("overlay", "/newroot", "overlay", 0,
 		"lowerdir=/lower,upperdir=/rw/upper,workdir=/rw/work"); err != nil {
 		return fmt.Errorf("mounting overlay: %w", err)
@@ -215,7 +218,7 @@ func mountSpecial(root string) error {
 		{"tmpfs", "/run", "tmpfs", "mode=0755"},
 	} {
 		dst := root + m.dst
-		os.MkdirAll(dst, 0o755)
+		_ = os.MkdirAll(dst, 0o755)
 		if root == "" && (m.dst == "/dev" || m.dst == "/proc" || m.dst == "/sys") {
 			continue // already mounted
 		}
@@ -224,8 +227,8 @@ func mountSpecial(root string) error {
 		}
 	}
 	if root != "" {
-		os.Remove(root + "/dev/ptmx")
-		os.Symlink("pts/ptmx", root+"/dev/ptmx")
+		_ = os.Remove(root + "/dev/ptmx")
+		_ = os.Symlink("pts/ptmx", root+"/dev/ptmx")
 	}
 	return nil
 }
@@ -242,5 +245,5 @@ func execveat(fd int, argv, env []string) error {
 	}
 	_, _, errno := unix.Syscall6(unix.SYS_EXECVEAT, uintptr(fd), uintptr(unsafe.Pointer(empty)),
 		uintptr(unsafe.Pointer(&av[0])), uintptr(unsafe.Pointer(&ev[0])), unix.AT_EMPTY_PATH, 0)
-	return fmt.Errorf("exec agent: %w", syscall.Errno(errno))
+	return fmt.Errorf("exec agent: %w", errno)
 }
