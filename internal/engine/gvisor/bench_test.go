@@ -149,7 +149,7 @@ func benchFork(b *testing.B, usePool bool) {
 		b.Fatal(err)
 	}
 	if usePool {
-		e.refill(poolKey{rootfs: rootfs})
+		e.refillNow(poolKey{rootfs: rootfs})
 		e.waitPool(poolKey{rootfs: rootfs})
 	}
 	for b.Loop() {

@@ -309,7 +309,7 @@ func TestForkPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	key := poolKey{rootfs: rootfs, res: res}
-	e.refill(key)
+	e.refillNow(key)
 	e.waitPool(key)
 
 	child := enginetest.NewID()

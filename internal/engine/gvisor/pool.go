@@ -87,9 +87,27 @@ func (e *Engine) claim(key poolKey, id string) (string, error) {
 	}
 }
 
-// refill starts pre-creating containers for key in the background, up to
-// Config.ForkPool.
+// poolRefillDelay lets a restored child start before the pool's "runsc
+// create" competes with it for the CPUs.
+const poolRefillDelay = 500 * time.Millisecond
+
+// refill schedules pre-creating containers for key in the background, up
+// to Config.ForkPool, after poolRefillDelay.
 func (e *Engine) refill(key poolKey) {
+	p := &e.pool
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed || e.cfg.ForkPool <= 0 {
+		return
+	}
+	p.wg.Add(1)
+	time.AfterFunc(poolRefillDelay, func() {
+		defer p.wg.Done()
+		e.refillNow(key)
+	})
+}
+
+func (e *Engine) refillNow(key poolKey) {
 	p := &e.pool
 	p.mu.Lock()
 	need := e.cfg.ForkPool - len(p.free[key]) - p.filling[key]
