@@ -51,7 +51,15 @@
 // A restored sandbox is attached to the stdio of the runsc command that
 // creates its sandbox process: with "runsc create" then "runsc restore", that
 // is create's stdio (verified: restore's stdio is ignored then), so Restore
-// gives the child's fresh FIFOs to create (and to restore).
+// gives the child's fresh FIFOs to create. That is also what makes the fork
+// pool possible (pool.go): containers pre-created with their own FIFOs, to
+// which a later "runsc restore" only adds the captured state.
+//
+// The agent path is under /dev (a tmpfs of the sandbox) because runsc
+// creates missing mount points of bind mounts in the host rootfs itself
+// (measured: a /.k7 dir appeared in the shared image). The same holds for
+// the spec's other mount points (/proc, /sys, /dev, /tmp): images are
+// expected to have them, as OCI images do.
 //
 // # Status
 //
