@@ -137,6 +137,9 @@ func (e *Engine) qemuArgs(st *vmState) ([]string, error) {
 		"-M", "microvm,acpi=on",
 		"-m", mem, "-smp", strconv.Itoa(st.CPUs),
 		"-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-S",
+		// seccomp: no obsolete syscalls, no setuid/setgid, no scheduler or
+		// CPU-affinity changes; spawning stays allowed for "migrate exec:".
+		"-sandbox", "on,obsolete=deny,elevateprivileges=deny,resourcecontrol=deny",
 		"-chardev", "file,id=con,path="+filepath.Join(dir, "console.log")+",append=on",
 		"-serial", "chardev:con",
 		"-device", "virtio-serial-device,id=vser",
