@@ -237,7 +237,7 @@ func (s *Server) start(epoch uint64, ch uint32, e *proto.Exec) (*session, error)
 		}
 		se.mu.Unlock()
 	}
-	s.log.Info("started", "pid", pid, "args", e.Args, "detach", e.Detach, "tty", e.TTY)
+	s.log.Debug("started", "pid", pid, "args", e.Args, "detach", e.Detach, "tty", e.TTY)
 	return se, nil
 }
 
@@ -471,7 +471,7 @@ wait:
 	} else if epoch != 0 {
 		se.s.send(epoch, proto.JSON(proto.TExit, se.ch, proto.Exit{Code: code, TimedOut: se.timedOut.Load()}))
 	}
-	se.s.log.Info("exited", "pid", se.pid, "code", code, "timed_out", se.timedOut.Load())
+	se.s.log.Debug("exited", "pid", se.pid, "code", code, "timed_out", se.timedOut.Load())
 	close(se.done)
 }
 
