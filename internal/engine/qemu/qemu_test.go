@@ -306,6 +306,37 @@ func TestDeleteLeavesNothing(t *testing.T) {
 	}
 	t.Logf("failed create: %v", err)
 	assertNothingLeft(t, e, &vmState{ID: "d2", SockDir: e.sockDir("d2")})
+
+	// A create whose context ends during boot leaves nothing.
+	cctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = e.Create(cctx, &engine.CreateRequest{ID: "d3", Rootfs: rootfs})
+	cancel()
+	if err == nil {
+		t.Fatal("Create with a 300 ms deadline succeeded")
+	}
+	assertNothingLeft(t, e, &vmState{ID: "d3", SockDir: e.sockDir("d3")})
+
+	// A guest that dies is reported dead, and Delete still cleans up.
+	create(t, e, "d4", rootfs)
+	c := connect(t, e, "d4")
+	st4, _ := e.readState("d4")
+	_, _ = c.Exec(ctx, &client.ExecRequest{Args: []string{"sh", "-c", "echo c > /proc/sysrq-trigger"}}, client.Stdio{})
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		s, err := e.Status(ctx, "d4")
+		if err == nil && s.State == engine.StateDead {
+			t.Logf("dead guest: %+v", s)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("Status of a crashed guest: %+v, %v; want dead", s, err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if err := e.Delete(ctx, "d4"); err != nil {
+		t.Fatal(err)
+	}
+	assertNothingLeft(t, e, st4)
 }
 
 func assertNothingLeft(t *testing.T, e *Engine, st *vmState) {

@@ -273,7 +273,7 @@ func (e *Engine) Status(ctx context.Context, id string) (engine.Status, error) {
 		return engine.Status{}, err
 	}
 	if !alive(st) {
-		return engine.Status{State: engine.StateDead, Reason: "QEMU exited: " + lastLine(e.tail(id, "qemu.log"))}, nil
+		return engine.Status{State: engine.StateDead, Reason: e.deathReason(id)}, nil
 	}
 	s := engine.Status{State: engine.StateUnknown, PID: st.PID}
 	err = e.monitor(ctx, id, func(q *qmp, _ *vmState) error {
@@ -299,14 +299,31 @@ func (e *Engine) Status(ctx context.Context, id string) (engine.Status, error) {
 	})
 	if err != nil {
 		if !alive(st) {
-			return engine.Status{State: engine.StateDead, Reason: "QEMU exited"}, nil
+			return engine.Status{State: engine.StateDead, Reason: e.deathReason(id)}, nil
 		}
 		return s, err
 	}
 	return s, nil
 }
 
+// deathReason describes why a sandbox's QEMU is gone, from the last line
+// of QEMU's own log or else of the console (a kernel panic ends there).
+func (e *Engine) deathReason(id string) string {
+	if l := lastLine(e.tail(id, "qemu.log")); l != "" {
+		return "QEMU exited: " + l
+	}
+	con := e.tailN(id, "console.log", 8192)
+	if i := strings.LastIndex(con, "Kernel panic - "); i >= 0 {
+		return "QEMU exited: " + strings.SplitN(con[i:], "\n", 2)[0]
+	}
+	if l := lastLine(con); l != "" {
+		return "QEMU exited: " + l
+	}
+	return "QEMU exited"
+}
+
 func lastLine(s string) string {
+	s = strings.TrimSpace(s)
 	if i := strings.LastIndexByte(s, '\n'); i >= 0 {
 		return s[i+1:]
 	}

@@ -242,10 +242,12 @@ func dialAgent(ctx context.Context, st *vmState) (net.Conn, error) {
 }
 
 // tail returns the end of a file in the sandbox dir, for error messages.
-func (e *Engine) tail(id, name string) string {
+func (e *Engine) tail(id, name string) string { return e.tailN(id, name, 1500) }
+
+func (e *Engine) tailN(id, name string, n int) string {
 	b, _ := os.ReadFile(filepath.Join(e.dir(id), name))
-	if len(b) > 1500 {
-		b = b[len(b)-1500:]
+	if len(b) > n {
+		b = b[len(b)-n:]
 	}
 	return strings.TrimSpace(string(b))
 }
