@@ -215,15 +215,16 @@ func (d *Daemon) checkpointLocked(ctx context.Context, rec *store.Sandbox, eng e
 		return nil, fmt.Errorf("sandbox %s is %s, not running: %w", rec.ID, rec.State, errdefs.ErrFailedPrecondition)
 	}
 	res, err := f.Checkpoint(ctx, &engine.CheckpointRequest{ID: rec.ID, Dir: dir})
-	// The source keeps running: if the capture left it paused, resume it.
-	cctx, cancel := d.cleanupContext()
-	defer cancel()
-	if st, serr := eng.Status(cctx, rec.ID); serr == nil && st.State == engine.StatePaused {
-		if rerr := eng.Resume(cctx, rec.ID); rerr != nil {
-			d.sbLog(rec.ID).Error("resuming source after capture", "err", rerr)
-		}
-	}
 	if err != nil {
+		// The source keeps running: if the failed capture left it paused,
+		// resume it. (A successful capture leaves it running.)
+		cctx, cancel := d.cleanupContext()
+		defer cancel()
+		if st, serr := eng.Status(cctx, rec.ID); serr == nil && st.State == engine.StatePaused {
+			if rerr := eng.Resume(cctx, rec.ID); rerr != nil {
+				d.sbLog(rec.ID).Error("resuming source after capture", "err", rerr)
+			}
+		}
 		return nil, fmt.Errorf("capturing sandbox %s: %w", rec.ID, err)
 	}
 	return res, nil
