@@ -42,7 +42,8 @@ type Report struct {
 	Started time.Time `json:"started"`
 	Reps    int       `json:"reps"`
 	Warmup  int       `json:"warmup"`
-	Samples []Sample  `json:"samples"`
+	Samples []Sample  `json:"samples,omitempty"`
+	Points  []Point   `json:"points,omitempty"` // scaling runs
 	Notes   []string  `json:"notes,omitempty"`
 }
 
@@ -147,8 +148,10 @@ func Render(w io.Writer, reports ...*Report) error {
 			}
 		}
 		slices.Sort(engines)
-		b.WriteString("| engine | operation | k7 median (min–max) | floor median (min–max) | k7 / floor | budget |\n")
-		b.WriteString("|---|---|---:|---:|---:|---:|\n")
+		if len(r.Samples) > 0 {
+			b.WriteString("| engine | operation | k7 median (min–max) | floor median (min–max) | k7 / floor | budget |\n")
+			b.WriteString("|---|---|---:|---:|---:|---:|\n")
+		}
 		for _, e := range engines {
 			for _, op := range opOrder {
 				k := r.Summarize(e, op, KindK7)
@@ -167,6 +170,7 @@ func Render(w io.Writer, reports ...*Report) error {
 				fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s |\n", e, op, fmtSummary(k), fmtSummary(f), ratio, lim)
 			}
 		}
+		renderPoints(&b, r)
 		for _, n := range r.Notes {
 			fmt.Fprintf(&b, "\n- %s", n)
 		}

@@ -20,7 +20,7 @@ func newBenchCmd(g *globals) *cobra.Command {
 		Use:   "bench COMMAND",
 		Short: "Measure k7's latencies next to the raw tools",
 	}
-	cmd.AddCommand(newBenchLifecycleCmd(g), newBenchRenderCmd(g))
+	cmd.AddCommand(newBenchLifecycleCmd(g), newBenchScalingCmd(g), newBenchRenderCmd(g))
 	return cmd
 }
 
@@ -76,22 +76,7 @@ DIR/lifecycle.md (and stdout): median (min–max), ⚠ where (max−min)/median 
 			if err != nil {
 				return err
 			}
-			if err := os.MkdirAll(out, 0o755); err != nil {
-				return err
-			}
-			if err := r.WriteJSON(filepath.Join(out, "lifecycle.json")); err != nil {
-				return err
-			}
-			f, err := os.Create(filepath.Join(out, "lifecycle.md"))
-			if err != nil {
-				return err
-			}
-			defer f.Close()
-			if err := bench.Render(f, r); err != nil {
-				return err
-			}
-			fmt.Fprintf(g.streams.Err, "wrote %s and %s\n", filepath.Join(out, "lifecycle.json"), filepath.Join(out, "lifecycle.md"))
-			return bench.Render(g.streams.Out, r)
+			return writeReport(g, r, out, "lifecycle")
 		},
 	}
 	f := cmd.Flags()
@@ -115,11 +100,16 @@ func benchRootfs(ctx context.Context, dir string) (string, error) {
 }
 
 func newBenchRenderCmd(g *globals) *cobra.Command {
-	return &cobra.Command{
+	var svg string
+	cmd := &cobra.Command{
 		Use:   "render FILE...",
-		Short: "Render Markdown tables from saved bench JSON",
-		Long:  "Render the tables of one or more lifecycle.json files again; the same JSON always renders to the same bytes.",
-		Args:  usageArgs(cobra.MinimumNArgs(1)),
+		Short: "Render Markdown tables (and the fork/memory chart) from saved bench JSON",
+		Long: `Render the tables of one or more saved bench JSON files (lifecycle.json,
+scaling.json) again; the same JSON always renders to the same bytes. --svg
+also draws fork time against memory in use from the scaling points.`,
+		Example: `  k7 bench render out/bench/lifecycle.json out/bench/scaling.json
+  k7 bench render --svg fork-memory.svg out/bench/scaling.json`,
+		Args: usageArgs(cobra.MinimumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var reports []*bench.Report
 			for _, a := range args {
@@ -129,7 +119,94 @@ func newBenchRenderCmd(g *globals) *cobra.Command {
 				}
 				reports = append(reports, r)
 			}
+			if svg != "" {
+				if err := writeSVG(svg, reports...); err != nil {
+					return err
+				}
+			}
 			return bench.Render(g.streams.Out, reports...)
 		},
 	}
+	cmd.Flags().StringVar(&svg, "svg", "", "also write the fork/memory chart to this file")
+	return cmd
+}
+
+func writeSVG(path string, reports ...*bench.Report) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := bench.RenderSVG(f, reports...); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// writeReport writes r as DIR/NAME.json and DIR/NAME.md and prints the table.
+func writeReport(g *globals, r *bench.Report, dir, name string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, md := filepath.Join(dir, name+".json"), filepath.Join(dir, name+".md")
+	if err := r.WriteJSON(js); err != nil {
+		return err
+	}
+	f, err := os.Create(md)
+	if err != nil {
+		return err
+	}
+	if err := bench.Render(f, r); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Close(); err != nil {
+		return err
+	}
+	fmt.Fprintf(g.streams.Err, "wrote %s and %s\n", js, md)
+	return bench.Render(g.streams.Out, r)
+}
+
+func newBenchScalingCmd(g *globals) *cobra.Command {
+	var (
+		cfg bench.ScalingConfig
+		out string
+	)
+	cmd := &cobra.Command{
+		Use:   "scaling [flags]",
+		Short: "Measure how fork and create costs grow with memory and with load",
+		Long: `Fork time and child memory against the memory a sandbox uses (tmpfs filled
+with random data: 64 MiB to 1 GiB by default), and create/fork time with 1, 10
+and 50 sandboxes already running. Writes DIR/scaling.json, DIR/scaling.md and
+DIR/fork-memory.svg, and prints the tables with the per-MiB and per-sandbox
+slopes.`,
+		Example: `  k7 bench scaling --out out/bench
+  k7 bench scaling --sizes 64,256 --running 1,10 --reps 2`,
+		Args: usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx := ctxOf(cmd)
+			c, err := g.client()
+			if err != nil {
+				return err
+			}
+			cfg.Client = c
+			cfg.Command = "k7 " + strings.Join(os.Args[1:], " ")
+			cfg.Progress = func(format string, args ...any) { fmt.Fprintf(g.streams.Err, format+"\n", args...) }
+			r, err := bench.Scaling(ctx, cfg)
+			if err != nil {
+				return err
+			}
+			if err := writeReport(g, r, out, "scaling"); err != nil {
+				return err
+			}
+			return writeSVG(filepath.Join(out, "fork-memory.svg"), r)
+		},
+	}
+	f := cmd.Flags()
+	f.StringSliceVar(&cfg.Engines, "engine", []string{"gvisor"}, "engines to measure (repeatable)")
+	f.IntVar(&cfg.Reps, "reps", 3, "measurements per point")
+	f.IntSliceVar(&cfg.SizesMiB, "sizes", []int{64, 128, 256, 512, 1024}, "memory in use, MiB")
+	f.IntSliceVar(&cfg.Running, "running", []int{1, 10, 50}, "sandboxes already running")
+	f.StringVar(&out, "out", "out/bench", "directory for scaling.json, scaling.md and fork-memory.svg")
+	return cmd
 }
