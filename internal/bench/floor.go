@@ -12,6 +12,7 @@ import (
 	"time"
 
 	specs "github.com/opencontainers/runtime-spec/specs-go"
+	"golang.org/x/sys/unix"
 
 	"github.com/k7-dev/k7/internal/budget"
 )
@@ -21,6 +22,13 @@ import (
 type floor struct {
 	runsc, rootfs, dir string
 	seq                int
+}
+
+// close unmounts the empty network namespace runsc pins under its root for
+// --network=none, so that the scratch directory can be removed.
+func (f *floor) close() {
+	for unix.Unmount(filepath.Join(f.dir, "runsc-root", "null-netns"), unix.MNT_DETACH) == nil {
+	}
 }
 
 func (f *floor) cmd(ctx context.Context, args ...string) error {

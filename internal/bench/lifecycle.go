@@ -47,6 +47,7 @@ func Lifecycle(ctx context.Context, cfg Config) (*Report, error) {
 		var fl *floor
 		if cfg.Runsc != "" && engine == "gvisor" {
 			fl = &floor{runsc: cfg.Runsc, rootfs: cfg.Rootfs, dir: cfg.Dir}
+			defer fl.close()
 		}
 		for rep := -cfg.Warmup; rep < cfg.Reps; rep++ {
 			record := func(op budget.Op, kind string, d time.Duration) {
