@@ -51,7 +51,12 @@ type Snapshot struct {
 	SizeBytes     int64     `json:"size_bytes"`
 	Checksum      string    `json:"checksum"` // sha256 over the capture's files
 	SourcePauseNS int64     `json:"source_pause_ns"`
-	LatencyNS     int64     `json:"latency_ns,omitempty"`
+	// Network and Ports are the sandbox's at capture time: a restore gets
+	// the same policy and in-sandbox address, and the ports on free host
+	// ports.
+	Network   *Network `json:"network,omitempty"`
+	Ports     []Port   `json:"ports,omitempty"`
+	LatencyNS int64    `json:"latency_ns,omitempty"`
 }
 
 // SnapshotList is the body of GET /v1/snapshots.

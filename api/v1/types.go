@@ -217,6 +217,19 @@ type Info struct {
 	DefaultEngine string       `json:"default_engine"`
 	Engines       []EngineInfo `json:"engines"`
 	StateDir      string       `json:"state_dir"`
+	// Network is the daemon's sandbox network; absent until the first
+	// sandbox with a network (or an earlier run's) made the daemon set it
+	// up. Reason says why it is unavailable (then only policy "none" works).
+	Network *NetworkInfo `json:"network,omitempty"`
+}
+
+// NetworkInfo describes the daemon's sandbox network.
+type NetworkInfo struct {
+	Bridge  string `json:"bridge"`           // host bridge of the sandboxes' outer addresses
+	Address string `json:"address"`          // the bridge's address
+	Subnet  string `json:"subnet"`           // outer (host-facing) addresses
+	Inner   string `json:"inner"`            // in-sandbox addresses
+	Reason  string `json:"reason,omitempty"` // why networking is unavailable
 }
 
 // EngineInfo describes one engine of the node.

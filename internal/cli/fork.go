@@ -10,8 +10,9 @@ import (
 
 func newForkCmd(g *globals) *cobra.Command {
 	var (
-		req   v1.ForkRequest
-		quiet bool
+		req     v1.ForkRequest
+		quiet   bool
+		publish []string
 	)
 	cmd := &cobra.Command{
 		Use:   "fork [flags] SANDBOX",
@@ -21,6 +22,11 @@ N children from the capture. The children continue with the parent's running
 processes (those started with k7 exec, including -d ones), tmpfs contents,
 writable root filesystem, environment and working directories. Each child has
 its own ID, name, hostname and resources and diverges independently.
+
+Each child gets its own network namespace with the parent's policy and the
+parent's in-sandbox address, and the parent's published ports on fresh free
+host ports (see k7 ls); -p replaces that list (HOSTPORT must be 0 or omitted
+with -n > 1).
 
 Prints a table of the children; -q prints only their IDs, one a line; -o json
 also gives the source's pause time and each child's time to its first answer.`,
@@ -32,6 +38,11 @@ also gives the source's pause time and each child's time to its first answer.`,
 			if req.Count < 1 {
 				return &usageError{fmt.Errorf("invalid -n %d: must be at least 1", req.Count)}
 			}
+			ports, err := parsePorts(publish)
+			if err != nil {
+				return err
+			}
+			req.Ports = ports
 			c, err := g.client()
 			if err != nil {
 				return err
@@ -46,6 +57,7 @@ also gives the source's pause time and each child's time to its first answer.`,
 	f := cmd.Flags()
 	f.IntVarP(&req.Count, "count", "n", 1, "number of children")
 	f.StringVar(&req.Name, "name", "", "name prefix: children are PREFIX-1, PREFIX-2, ... (default: derived from the source's name)")
+	f.StringArrayVarP(&publish, "publish", "p", nil, "publish TCP port PORT of each child on 127.0.0.1:HOSTPORT: [HOSTPORT:]PORT (repeatable; default: the parent's ports on free host ports)")
 	f.BoolVarP(&quiet, "quiet", "q", false, "print only the children's IDs")
 	return cmd
 }
@@ -61,9 +73,9 @@ func printForkResult(g *globals, res *v1.ForkResult, quiet bool) error {
 	case g.json():
 		return printJSON(g.streams.Out, res)
 	}
-	t := newTable(g.streams.Out, "ID", "NAME", "STATE", "READY")
+	t := newTable(g.streams.Out, "ID", "NAME", "STATE", "READY", "PORTS")
 	for _, ch := range res.Children {
-		t.row(ch.Sandbox.ID, ch.Sandbox.Name, ch.Sandbox.State, humanNS(ch.ReadyNS))
+		t.row(ch.Sandbox.ID, ch.Sandbox.Name, ch.Sandbox.State, humanNS(ch.ReadyNS), formatPorts(ch.Sandbox.Ports))
 	}
 	if err := t.flush(); err != nil {
 		return err

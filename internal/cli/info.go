@@ -30,6 +30,11 @@ func newInfoCmd(g *globals) *cobra.Command {
 			fmt.Fprintf(w, "Version:        %s\n", info.Version)
 			fmt.Fprintf(w, "State dir:      %s\n", info.StateDir)
 			fmt.Fprintf(w, "Default engine: %s\n", info.DefaultEngine)
+			if n := info.Network; n != nil && n.Reason != "" {
+				fmt.Fprintf(w, "Network:        unavailable: %s\n", n.Reason)
+			} else if n != nil {
+				fmt.Fprintf(w, "Network:        bridge %s %s, subnet %s, in-sandbox %s\n", n.Bridge, n.Address, n.Subnet, n.Inner)
+			}
 			fmt.Fprintln(w, "Engines:")
 			t := newTable(w, "  NAME", "AVAILABLE", "VERSION", "FEATURES", "NOTE")
 			for _, e := range info.Engines {

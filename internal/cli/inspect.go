@@ -67,6 +67,20 @@ func printSandbox(g *globals, sb *v1.Sandbox) {
 	p("Engine", sb.Engine)
 	p("Hostname", sb.Hostname)
 	p("Parent", sb.Parent)
+	if n := sb.Network; n != nil {
+		v := n.Policy
+		if n.Address != "" {
+			v += " address=" + n.Address
+		}
+		if n.Outer != "" {
+			v += " outer=" + n.Outer
+		}
+		if len(n.Allow) > 0 {
+			v += " allow=" + strings.Join(n.Allow, ",")
+		}
+		p("Network", v)
+	}
+	p("Ports", formatPorts(sb.Ports))
 	p("Created", sb.Created.Format("2006-01-02T15:04:05Z07:00")+" ("+ago(sb.Created)+")")
 	r := sb.Resources
 	lim := []string{}

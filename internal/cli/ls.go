@@ -44,13 +44,13 @@ reason. --live lists only creating, running and paused ones.`,
 			case g.json():
 				return printJSON(g.streams.Out, shown)
 			}
-			t := newTable(g.streams.Out, "ID", "NAME", "IMAGE", "ENGINE", "STATE", "CREATED")
+			t := newTable(g.streams.Out, "ID", "NAME", "IMAGE", "ENGINE", "STATE", "CREATED", "PORTS")
 			for _, sb := range shown {
 				state := sb.State
 				if sb.Reason != "" {
 					state += " (" + sb.Reason + ")"
 				}
-				t.row(sb.ID, sb.Name, sb.Image, sb.Engine, state, ago(sb.Created))
+				t.row(sb.ID, sb.Name, sb.Image, sb.Engine, state, ago(sb.Created), formatPorts(sb.Ports))
 			}
 			return t.flush()
 		},

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -59,6 +60,11 @@ type Config struct {
 	// ExecOutputLimit caps the stdout and stderr each kept by a
 	// non-streaming exec, in bytes. Default 16 MiB.
 	ExecOutputLimit int64
+	// Subnet is the IPv4 pool of the sandboxes' host-facing addresses (a
+	// masked prefix, /8 to /29). Default 10.77.0.0/16 for the default state
+	// dir, else a free /24 of 10.80.0.0/12 chosen by a hash of the state dir
+	// (so that daemons side by side never share one).
+	Subnet string
 	// OpTimeout bounds one engine operation run on the daemon's behalf
 	// (create, delete, cleanup). Default 2m.
 	OpTimeout time.Duration
@@ -114,6 +120,11 @@ func (c *Config) Validate() error {
 	}
 	if c.ReconcileInterval <= 0 || c.ExecOutputLimit <= 0 || c.OpTimeout <= 0 {
 		errs = append(errs, errors.New("intervals, timeouts and limits must be positive"))
+	}
+	if c.Subnet != "" {
+		if p, err := netip.ParsePrefix(c.Subnet); err != nil || !p.Addr().Is4() || p.Masked() != p || p.Bits() < 8 || p.Bits() > 29 {
+			errs = append(errs, fmt.Errorf("--subnet %q: want a masked IPv4 prefix /8 to /29, like 10.77.0.0/16", c.Subnet))
+		}
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("invalid configuration: %w: %w", errdefs.ErrInvalidArgument, err)

@@ -62,6 +62,8 @@ type Options struct {
 	Images ImageStore
 	// NewAgent wraps an engine's agent stream. Default: client.New.
 	NewAgent func(io.ReadWriteCloser) Agent
+	// Network, if set, replaces the network manager (tests).
+	Network Networks
 }
 
 // Daemon is a running k7d without its HTTP server. Its methods are safe for
@@ -83,6 +85,11 @@ type Daemon struct {
 
 	mu  sync.Mutex
 	sbs map[string]*sandbox
+
+	netMu   sync.Mutex
+	net     Networks        // nil until first use (networks)
+	netErr  error           // why networking is unavailable
+	netInfo *v1.NetworkInfo // for Info
 }
 
 // sandbox is the in-memory side of one sandbox record.
@@ -155,12 +162,14 @@ func New(ctx context.Context, cfg Config, opts Options) (*Daemon, error) {
 		}
 	}
 	d.openEngines(opts.Engines)
+	d.initNetwork(opts.Network)
 	if d.images == nil {
 		if d.images, err = openImageStore(filepath.Join(cfg.StateDir, "images"), log); err != nil {
 			return nil, err
 		}
 	}
 	d.recover(ctx)
+	d.reconcileNetworks(ctx)
 	d.wg.Add(1)
 	go d.reconcileLoop()
 	ok = true
@@ -256,6 +265,9 @@ func (d *Daemon) Close() error {
 	if c, ok := d.images.(io.Closer); ok {
 		c.Close()
 	}
+	if n := d.openedNetworks(); n != nil {
+		n.Close() // stops the published-port proxies; namespaces stay
+	}
 	for _, e := range d.engines {
 		if c, ok := e.(io.Closer); ok {
 			if cerr := c.Close(); cerr != nil {
@@ -279,6 +291,7 @@ func (d *Daemon) Info(ctx context.Context) *v1.Info {
 		DefaultEngine: d.cfg.DefaultEngine,
 		Engines:       append([]v1.EngineInfo(nil), d.info...),
 		StateDir:      d.cfg.StateDir,
+		Network:       d.networkInfo(),
 	}
 }
 

@@ -22,6 +22,7 @@ import (
 	v1 "github.com/k7-dev/k7/api/v1"
 	"github.com/k7-dev/k7/internal/engine"
 	"github.com/k7-dev/k7/internal/errdefs"
+	"github.com/k7-dev/k7/internal/network"
 	"github.com/k7-dev/k7/internal/store"
 )
 
@@ -99,12 +100,22 @@ type childSpec struct {
 	imageID   string
 	env       []string
 	resources store.Resources
+	// net is the source's network: every child gets the same policy and
+	// in-sandbox address in a namespace of its own (nil: policy none).
+	net *store.Network
+	// ports are the children's published ports; nil: net's ports on free
+	// host ports.
+	ports []v1.Port
 }
 
 // spawnChildren records and restores one child per name from spec.from in
 // parallel (at most GOMAXPROCS at once). It returns every child or, on any
 // failure, none: children already made are deleted.
 func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []string, start time.Time) ([]v1.ForkChild, error) {
+	plan, inner, err := d.childPlan(spec.engine, spec.net, spec.ports, len(names))
+	if err != nil {
+		return nil, err
+	}
 	rootfsRef := spec.image
 	img, rootfs, err := d.images.Rootfs(ctx, rootfsRef)
 	if err != nil && spec.imageID != "" {
@@ -125,6 +136,7 @@ func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []stri
 			}
 			sbs[i].setAgent(nil)
 			spec.engine.Delete(cctx, recs[i].ID)
+			d.teardownNetwork(cctx, recs[i].ID, recs[i].Network)
 			d.store.DeleteSandbox(recs[i].ID, false)
 			sbs[i].release()
 			d.forget(recs[i].ID)
@@ -176,8 +188,23 @@ func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []stri
 				},
 				From: spec.from,
 			}
-			_, err := d.bringUp(ctx, sbs[i], spec.engine, rec, func(ctx context.Context) error { return spec.forker.Restore(ctx, rreq) }, true)
+			var att *network.Attachment
+			if plan.policy != network.PolicyNone {
+				if err := step(ctx, d.sbLog(rec.ID), "network", func(ctx context.Context) error {
+					var err error
+					att, rec.Network, err = d.setupNetwork(ctx, rec.ID, rec.Hostname, plan, inner)
+					return err
+				}); err != nil {
+					errs[i] = fmt.Errorf("child %d (%s): %w", i+1, rec.Name, err)
+					return // undo removes the record
+				}
+				rreq.Netns = att.NetnsPath
+			}
+			_, err := d.bringUp(ctx, sbs[i], spec.engine, rec, func(ctx context.Context) error { return spec.forker.Restore(ctx, rreq) }, true, dnsFiles(att, rec.Hostname))
 			if err != nil {
+				cctx, cancel := d.cleanupContext()
+				d.teardownNetwork(cctx, rec.ID, rec.Network)
+				cancel()
 				errs[i] = fmt.Errorf("child %d (%s): %w", i+1, rec.Name, err)
 				recs[i] = nil // bringUp removed it
 				return
@@ -264,6 +291,9 @@ func (d *Daemon) Fork(ctx context.Context, ref string, req *v1.ForkRequest) (*v1
 	if err != nil {
 		return nil, err
 	}
+	if _, _, err := d.childPlan(eng, rec.Network, req.Ports, count); err != nil {
+		return nil, err
+	}
 	octx, cancel := d.opContext()
 	defer cancel()
 	dir, err := d.tempDir("fork-" + rec.ID + "-")
@@ -282,6 +312,7 @@ func (d *Daemon) Fork(ctx context.Context, ref string, req *v1.ForkRequest) (*v1
 	children, err := d.spawnChildren(octx, childSpec{
 		engine: eng, forker: f, from: dir, parent: rec.ID,
 		image: rec.Image, imageID: rec.ImageID, env: rec.Env, resources: rec.Resources,
+		net: rec.Network, ports: req.Ports,
 	}, names, start)
 	d.metrics.ObserveOp("fork", rec.Engine, time.Since(start), err)
 	if err != nil {
@@ -334,7 +365,10 @@ func checksumDir(dir string) (string, int64, error) {
 }
 
 func snapshotAPI(s *store.Snapshot) *v1.Snapshot {
+	net, ports := apiNetwork(s.Network)
 	return &v1.Snapshot{
+		Network:       net,
+		Ports:         ports,
 		Name:          s.Name,
 		Sandbox:       s.Sandbox,
 		SandboxName:   s.SandboxName,
@@ -413,6 +447,7 @@ func (d *Daemon) CreateSnapshot(ctx context.Context, ref string, req *v1.Snapsho
 		SizeBytes:     size,
 		Checksum:      sum,
 		SourcePauseNS: int64(cp.SourcePause),
+		Network:       rec.Network,
 	}
 	out := snapshotAPI(sn)
 	manifest, _ := json.MarshalIndent(out, "", "  ")
@@ -516,6 +551,7 @@ func (d *Daemon) RestoreSnapshot(ctx context.Context, name string, req *v1.Resto
 	children, err := d.spawnChildren(octx, childSpec{
 		engine: eng, forker: f, from: filepath.Join(d.snapshotDir(name), "capture"), parent: name,
 		image: sn.Image, imageID: sn.ImageID, env: sn.Env, resources: sn.Resources,
+		net: sn.Network,
 	}, names, start)
 	d.metrics.ObserveOp("restore", sn.Engine, time.Since(start), err)
 	if err != nil {

@@ -63,7 +63,8 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&cfg.Platform, "platform", cfg.Platform, "runsc platform")
 	fs.StringVar(&cfg.Agent, "agent", "", "k7-agent binary (default next to k7d, or PATH)")
 	fs.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
-	fs.BoolVar(&cfg.Cleanup, "cleanup", false, "delete every sandbox and file this daemon owns under --state-dir, then exit")
+	fs.StringVar(&cfg.Subnet, "subnet", "", "IPv4 pool of the sandboxes' host-facing addresses (default 10.77.0.0/16 for the default --state-dir, else a free /24 of 10.80.0.0/12 derived from it)")
+	fs.BoolVar(&cfg.Cleanup, "cleanup", false, "delete every sandbox, network and file this daemon owns under --state-dir, then exit")
 	fs.DurationVar(&cfg.ReconcileInterval, "reconcile-interval", cfg.ReconcileInterval, "how often sandbox states are checked against the engines")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err

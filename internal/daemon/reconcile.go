@@ -230,6 +230,14 @@ func (d *Daemon) CleanupAll(ctx context.Context) error {
 			delete(d.engines, name)
 		}
 	}
+	if nets := d.openedNetworks(); nets != nil && len(errs) == 0 {
+		if err := nets.RemoveAll(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("removing sandbox networks: %w", err))
+		}
+		d.netMu.Lock()
+		d.net = nil
+		d.netMu.Unlock()
+	}
 	if err := errors.Join(errs...); err != nil {
 		return err
 	}

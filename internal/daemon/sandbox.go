@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"regexp"
 	"slices"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"github.com/k7-dev/k7/internal/agent/client"
 	"github.com/k7-dev/k7/internal/engine"
 	"github.com/k7-dev/k7/internal/errdefs"
+	"github.com/k7-dev/k7/internal/network"
 	"github.com/k7-dev/k7/internal/store"
 )
 
@@ -50,6 +52,7 @@ func validResources(r v1.Resources) error {
 }
 
 func toAPI(r *store.Sandbox) v1.Sandbox {
+	net, ports := apiNetwork(r.Network)
 	return v1.Sandbox{
 		ID:        r.ID,
 		Name:      r.Name,
@@ -63,6 +66,8 @@ func toAPI(r *store.Sandbox) v1.Sandbox {
 		Resources: v1.Resources(r.Resources),
 		Parent:    r.Parent,
 		Created:   r.Created,
+		Network:   net,
+		Ports:     ports,
 	}
 }
 
@@ -110,6 +115,10 @@ func (d *Daemon) CreateSandbox(ctx context.Context, req *v1.CreateSandboxRequest
 	if err != nil {
 		return nil, err
 	}
+	plan, err := d.planNetwork(eng, req.Network, req.Allow, req.Ports)
+	if err != nil {
+		return nil, err
+	}
 	img, rootfs, err := d.images.Rootfs(ctx, req.Image)
 	if err != nil {
 		return nil, fmt.Errorf("resolving image %q: %w", req.Image, err)
@@ -147,9 +156,27 @@ func (d *Daemon) CreateSandbox(ctx context.Context, req *v1.CreateSandboxRequest
 		Env:       mergeEnv(img.Env, req.Env),
 		Resources: engineResources(rec.Resources),
 	}
-	_, err = d.bringUp(octx, sb, eng, rec, func(ctx context.Context) error { return eng.Create(ctx, creq) }, false)
+	var att *network.Attachment
+	if plan.policy != network.PolicyNone {
+		err = step(octx, d.sbLog(id), "network", func(ctx context.Context) error {
+			var err error
+			att, rec.Network, err = d.setupNetwork(ctx, id, rec.Hostname, plan, netip.Addr{})
+			return err
+		})
+		if err != nil {
+			d.store.DeleteSandbox(id, false)
+			d.forget(id)
+			d.metrics.ObserveOp("create", eng.Name(), time.Since(start), err)
+			return nil, fmt.Errorf("creating sandbox %s: %w", name, err)
+		}
+		creq.Netns = att.NetnsPath
+	}
+	_, err = d.bringUp(octx, sb, eng, rec, func(ctx context.Context) error { return eng.Create(ctx, creq) }, false, dnsFiles(att, rec.Hostname))
 	d.metrics.ObserveOp("create", eng.Name(), time.Since(start), err)
 	if err != nil {
+		cctx, cancel := d.cleanupContext()
+		d.teardownNetwork(cctx, id, rec.Network)
+		cancel()
 		d.forget(id)
 		return nil, fmt.Errorf("creating sandbox %s: %w", name, err)
 	}
@@ -159,10 +186,12 @@ func (d *Daemon) CreateSandbox(ctx context.Context, req *v1.CreateSandboxRequest
 }
 
 // bringUp starts a recorded sandbox with start (engine Create or Restore),
-// connects its agent, configures the host name and records it running. On
-// error everything is undone, the record included. With ping, it returns
-// when the agent answered its first ping, and how long that took.
-func (d *Daemon) bringUp(ctx context.Context, sb *sandbox, eng engine.Engine, rec *store.Sandbox, start func(context.Context) error, ping bool) (time.Duration, error) {
+// connects its agent, configures the host name, writes files (the DNS
+// configuration) and records it running. On error everything is undone,
+// the record included, but not the sandbox's network (the caller's). With
+// ping, it returns when the agent answered its first ping, and how long
+// that took.
+func (d *Daemon) bringUp(ctx context.Context, sb *sandbox, eng engine.Engine, rec *store.Sandbox, start func(context.Context) error, ping bool, files map[string][]byte) (time.Duration, error) {
 	log := d.sbLog(rec.ID)
 	cu := cleanup{log: log}
 	defer func() {
@@ -186,6 +215,9 @@ func (d *Daemon) bringUp(ctx context.Context, sb *sandbox, eng engine.Engine, re
 	cu.add("close agent", func(context.Context) error { return a.Close() })
 	if err := step(ctx, log, "configure", func(ctx context.Context) error { return a.Configure(ctx, rec.Hostname) }); err != nil {
 		return 0, err
+	}
+	if len(files) > 0 {
+		step(ctx, log, "dns files", func(ctx context.Context) error { d.writeDNS(ctx, a, rec.ID, files); return nil })
 	}
 	var rtt time.Duration
 	if ping {
@@ -343,6 +375,7 @@ func (d *Daemon) deleteLocked(sb *sandbox, rec *store.Sandbox, force bool) error
 		}
 		log.Warn("engine failed to delete sandbox; removing the record anyway (force)", "err", err)
 	}
+	d.teardownNetwork(octx, rec.ID, rec.Network)
 	if err := d.store.DeleteSandbox(rec.ID, true); err != nil {
 		return err
 	}

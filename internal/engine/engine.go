@@ -65,6 +65,12 @@ type CreateRequest struct {
 	Env []string
 	// Resources are the limits.
 	Resources Resources
+	// Netns is the path of the network namespace the sandbox joins (made
+	// and removed by the daemon's network manager, internal/network); ""
+	// means loopback only. Engines without Capabilities.Network ignore it.
+	// A restored sandbox needs a namespace of its own whose interface has
+	// the address the capture had (the daemon's address-stable fork).
+	Netns string
 }
 
 // Status is what the engine reports about one sandbox.
@@ -84,6 +90,9 @@ type Stats struct {
 // Capabilities lists what an engine can do beyond the Engine interface.
 type Capabilities struct {
 	Fork bool // implements Forker
+	// Network: the engine joins CreateRequest.Netns, so sandboxes may have
+	// a network policy other than "none".
+	Network bool
 }
 
 // Engine runs sandboxes. Implementations are safe for concurrent use on

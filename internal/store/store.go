@@ -60,7 +60,25 @@ type Sandbox struct {
 	Resources Resources `json:"resources"`
 	Parent    string    `json:"parent,omitempty"` // sandbox ID or "snapshot:NAME"
 	Created   time.Time `json:"created"`
-	Deleted   time.Time `json:"deleted,omitzero"` // set on tombstones only
+	Deleted   time.Time `json:"deleted,omitzero"`  // set on tombstones only
+	Network   *Network  `json:"network,omitempty"` // nil: policy none
+}
+
+// Network is a sandbox's network as set up by the daemon's network manager.
+type Network struct {
+	Policy  string   `json:"policy"`
+	Address string   `json:"address,omitempty"` // in-sandbox address with its prefix length
+	Gateway string   `json:"gateway,omitempty"`
+	Outer   string   `json:"outer,omitempty"`
+	Allow   []string `json:"allow,omitempty"`
+	Ports   []Port   `json:"ports,omitempty"`
+}
+
+// Port is a published port: 127.0.0.1:HostPort reaches the sandbox's Port.
+type Port struct {
+	HostPort int    `json:"host_port"`
+	Port     int    `json:"port"`
+	Protocol string `json:"protocol,omitempty"`
 }
 
 // Snapshot is the stored record of a named snapshot. Its files live under
@@ -81,6 +99,7 @@ type Snapshot struct {
 	SizeBytes     int64     `json:"size_bytes"`
 	Checksum      string    `json:"checksum"`
 	SourcePauseNS int64     `json:"source_pause_ns"`
+	Network       *Network  `json:"network,omitempty"`
 }
 
 // Store is the daemon's database.

@@ -72,7 +72,9 @@ func dirSize(dir string) (int64, error) {
 // sandbox process is made by "runsc create" with the child's own FIFOs as
 // stdio (the restored init inherits the stdio of the command that starts
 // the sandbox process), or taken from the pool of pre-created containers
-// for the same rootfs and resources; then "runsc restore --detach". The
+// for the same rootfs and resources (only without req.Netns: a child with a
+// network restores into its own namespace, which must hold the capture's
+// address); then "runsc restore --detach". The
 // source need not exist any more; req.Rootfs must be the source's image
 // rootfs. A capture of another engine version is refused with
 // errdefs.ErrFailedPrecondition. On error nothing is left behind.
@@ -98,11 +100,15 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) (err e
 			err = fmt.Errorf("restoring sandbox %q: %w", id, err)
 		}
 	}()
-	key := poolKey{rootfs: req.Rootfs, res: req.Resources}
-	defer e.refill(key)
-	cid, err := e.claim(key, id)
-	if err != nil {
-		return err
+	// A pool container's network namespace is fixed when it is created, and
+	// every child needs its own: children with a network skip the pool.
+	cid := ""
+	if req.Netns == "" {
+		key := poolKey{rootfs: req.Rootfs, res: req.Resources}
+		defer e.refill(key)
+		if cid, err = e.claim(key, id); err != nil {
+			return err
+		}
 	}
 	if cid != "" {
 		cu.add(func(ctx context.Context) { e.destroy(ctx, log, cid, dir) })

@@ -219,7 +219,9 @@ func fileSHA256(path string) (string, error) {
 func (e *Engine) Name() string { return Name }
 
 // Capabilities reports fork support.
-func (e *Engine) Capabilities() engine.Capabilities { return engine.Capabilities{Fork: true} }
+func (e *Engine) Capabilities() engine.Capabilities {
+	return engine.Capabilities{Fork: true, Network: true}
+}
 
 // Version identifies the runsc build (its version string and a sha256 prefix
 // of the binary): checkpoints restore only into the same version.
@@ -269,12 +271,19 @@ func runscError(op string, err error, stderr []byte) error {
 
 // globalFlags are the flags before runsc's subcommand. The overlay's file
 // store and the debug logs go into dir, the sandbox's own dir ("" for
-// commands that start no sandbox).
+// commands that start no sandbox). A sandbox whose dir holds netnsFile
+// runs with --network=sandbox in that namespace (named in its spec).
 func (e *Engine) globalFlags(dir string) []string {
+	network := "--network=none"
+	if dir != "" {
+		if _, err := os.Stat(filepath.Join(dir, netnsFile)); err == nil {
+			network = "--network=sandbox"
+		}
+	}
 	f := []string{
 		"--root=" + e.runscRoot,
 		"--platform=" + e.cfg.Platform,
-		"--network=none",
+		network,
 	}
 	if dir != "" {
 		f = append(f, "--overlay2=root:dir="+dir)

@@ -28,6 +28,9 @@ const (
 	// containerFile names the sandbox's runsc container when it is not
 	// the sandbox ID (restored into a pre-created container).
 	containerFile = "container"
+	// netnsFile holds the network namespace path of a sandbox with a
+	// network (CreateRequest.Netns); without it the sandbox has loopback only.
+	netnsFile = "netns"
 )
 
 // Create starts a sandbox with the agent as PID 1. On error nothing of the
@@ -109,6 +112,11 @@ func (e *Engine) prepare(dir string, req *engine.CreateRequest, cu *cleanup) (*s
 		}
 		if err := writeSpec(dir, e.spec(req)); err != nil {
 			return err
+		}
+		if req.Netns != "" {
+			if err := os.WriteFile(filepath.Join(dir, netnsFile), []byte(req.Netns+"\n"), 0o600); err != nil {
+				return err
+			}
 		}
 		for _, f := range []string{inFIFO, outFIFO} {
 			if err := unix.Mkfifo(filepath.Join(dir, f), 0o600); err != nil {

@@ -97,7 +97,7 @@ func (e *Engine) spec(req *engine.CreateRequest) *specs.Spec {
 				{Type: specs.IPCNamespace},
 				{Type: specs.UTSNamespace},
 				{Type: specs.MountNamespace},
-				{Type: specs.NetworkNamespace},
+				{Type: specs.NetworkNamespace, Path: req.Netns},
 			},
 		},
 	}
