@@ -1,0 +1,475 @@
+package integration
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	v1 "github.com/k7-dev/k7/api/v1"
+)
+
+// inspect returns the sandbox as `k7 inspect -o json` prints it.
+func (d *daemon) inspect(id string) v1.Sandbox {
+	d.t.Helper()
+	var sbs []v1.Sandbox
+	if err := json.Unmarshal([]byte(d.must("inspect", "-o", "json", id)), &sbs); err != nil || len(sbs) != 1 {
+		d.t.Fatalf("inspect -o json %s: %v %d sandboxes", id, err, len(sbs))
+	}
+	return sbs[0]
+}
+
+// httpGet fetches http://127.0.0.1:port/ from the host.
+func httpGet(port int) (string, error) {
+	c := &http.Client{Timeout: 3 * time.Second}
+	resp, err := c.Get(fmt.Sprintf("http://127.0.0.1:%d/", port))
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		return string(b), fmt.Errorf("status %d", resp.StatusCode)
+	}
+	return string(b), err
+}
+
+// waitPage polls 127.0.0.1:port until it serves want.
+func waitPage(t *testing.T, port int, want string, timeout time.Duration) {
+	t.Helper()
+	eventually(t, timeout, func() error {
+		got, err := httpGet(port)
+		if err != nil {
+			return fmt.Errorf("GET 127.0.0.1:%d: %v", port, err)
+		}
+		if got != want {
+			return fmt.Errorf("GET 127.0.0.1:%d = %q, want %q", port, got, want)
+		}
+		return nil
+	})
+}
+
+// startHttpd serves page from /www on port 8080 of sandbox id, detached.
+func (d *daemon) startHttpd(id, page string) {
+	d.t.Helper()
+	d.execOut(id, "sh", "-c", "mkdir -p /www && printf %s '"+page+"' > /www/index.html")
+	d.must("exec", "-d", id, "--", "httpd", "-f", "-p", "8080", "-h", "/www")
+	eventually(d.t, 10*time.Second, func() error {
+		r := d.k7(nil, "exec", id, "--", "wget", "-q", "-O-", "http://127.0.0.1:8080/")
+		if r.code != 0 || r.stdout != page {
+			return fmt.Errorf("httpd in %s not serving yet: %+v", id, r)
+		}
+		return nil
+	})
+}
+
+// reaches reports whether sandbox id can fetch url (wget, 3 s timeout).
+func (d *daemon) reaches(id, url string) bool {
+	d.t.Helper()
+	r := d.k7(nil, "exec", id, "--", "wget", "-q", "-T", "3", "-O-", url)
+	return r.code == 0
+}
+
+// TestNetworkPublishedPortsAndFork: a published httpd answers from the
+// host; fork children answer on their own host ports with the parent's
+// page and keep the parent's in-sandbox address; a daemon restart
+// re-opens the ports.
+func TestNetworkPublishedPortsAndFork(t *testing.T) {
+	d := startDaemon(t)
+	parent := d.create("--name", "web", "-p", "8080")
+	d.startHttpd(parent, "parent page")
+	psb := d.inspect(parent)
+	if psb.Network == nil || psb.Network.Policy != "isolated" || psb.Network.Address == "" || psb.Network.Outer == "" {
+		t.Fatalf("parent network = %+v, want isolated with an address", psb.Network)
+	}
+	if len(psb.Ports) != 1 || psb.Ports[0].Port != 8080 || psb.Ports[0].HostPort == 0 {
+		t.Fatalf("parent ports = %+v, want one 8080 on a host port", psb.Ports)
+	}
+	waitPage(t, psb.Ports[0].HostPort, "parent page", 10*time.Second)
+	ls := d.must("ls")
+	if want := fmt.Sprintf("127.0.0.1:%d->8080", psb.Ports[0].HostPort); !strings.Contains(ls, want) {
+		t.Errorf("k7 ls lacks %q:\n%s", want, ls)
+	}
+	hosts := d.execOut(parent, "cat", "/etc/hosts")
+	if !strings.Contains(hosts, psb.Network.Address+"\tweb") {
+		t.Errorf("/etc/hosts of web = %q, want %s mapped to web", hosts, psb.Network.Address)
+	}
+	if _, err := d.client.GetSandbox(context.Background(), parent); err != nil {
+		t.Fatal(err)
+	}
+
+	children := strings.Fields(d.must("fork", "-q", "-n", "2", "web"))
+	if len(children) != 2 {
+		t.Fatalf("fork -q -n 2 printed %v, want 2 IDs", children)
+	}
+	seen := map[int]bool{psb.Ports[0].HostPort: true}
+	for _, c := range children {
+		csb := d.inspect(c)
+		if csb.Network == nil || csb.Network.Address != psb.Network.Address {
+			t.Errorf("child %s network %+v, want the parent's address %s", c, csb.Network, psb.Network.Address)
+		}
+		if csb.Network != nil && csb.Network.Outer == psb.Network.Outer {
+			t.Errorf("child %s shares the parent's outer address %s", c, csb.Network.Outer)
+		}
+		if len(csb.Ports) != 1 || csb.Ports[0].Port != 8080 || seen[csb.Ports[0].HostPort] {
+			t.Fatalf("child %s ports %+v, want 8080 on a host port of its own", c, csb.Ports)
+		}
+		seen[csb.Ports[0].HostPort] = true
+		// The parent's listener listens in the child right after the fork.
+		waitPage(t, csb.Ports[0].HostPort, "parent page", 5*time.Second)
+		if h := d.execOut(c, "cat", "/etc/hosts"); !strings.Contains(h, "\t"+csb.Name) {
+			t.Errorf("child %s /etc/hosts = %q, want its own name %s", c, h, csb.Name)
+		}
+	}
+	// Children diverge: each serves its own page now.
+	d.execOut(children[0], "sh", "-c", "printf child0 > /www/index.html")
+	waitPage(t, d.inspect(children[0]).Ports[0].HostPort, "child0", 5*time.Second)
+	waitPage(t, d.inspect(children[1]).Ports[0].HostPort, "parent page", 5*time.Second)
+	waitPage(t, psb.Ports[0].HostPort, "parent page", 5*time.Second)
+
+	// A restarted daemon re-opens the published ports.
+	d.stop()
+	if _, err := httpGet(psb.Ports[0].HostPort); err == nil {
+		t.Errorf("published port answers while k7d is stopped")
+	}
+	d.start()
+	waitPage(t, psb.Ports[0].HostPort, "parent page", 10*time.Second)
+
+	// Removing a sandbox closes its port.
+	port := d.inspect(children[1]).Ports[0].HostPort
+	d.must("rm", "-f", children[1])
+	if _, err := httpGet(port); err == nil {
+		t.Errorf("port %d still answers after k7 rm", port)
+	}
+}
+
+// TestNetworkIsolation: an isolated sandbox reaches neither another
+// sandbox nor the host; a none sandbox has only loopback.
+func TestNetworkIsolation(t *testing.T) {
+	d := startDaemon(t)
+	a := d.create("--name", "a", "-p", "8080")
+	d.startHttpd(a, "a page")
+	asb := d.inspect(a)
+	waitPage(t, asb.Ports[0].HostPort, "a page", 10*time.Second)
+	b := d.create("--name", "b")
+	bsb := d.inspect(b)
+	if bsb.Network == nil || bsb.Network.Policy != "isolated" || bsb.Network.Address == asb.Network.Address {
+		t.Fatalf("b network %+v (a: %+v), want isolated with another address", bsb.Network, asb.Network)
+	}
+	for _, addr := range []string{asb.Network.Address, asb.Network.Outer} {
+		if d.reaches(b, "http://"+addr+":8080/") {
+			t.Errorf("isolated b reached sandbox a at %s:8080", addr)
+		}
+	}
+	info, err := d.client.Info(context.Background())
+	if err != nil || info.Network == nil || info.Network.Address == "" {
+		t.Fatalf("info network = %+v, %v", info.Network, err)
+	}
+	// A host service on the bridge address (where the daemon's API or any
+	// other host service would answer a sandbox).
+	l, err := net.Listen("tcp", net.JoinHostPort(info.Network.Address, "0"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	got := make(chan struct{}, 1)
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			got <- struct{}{}
+			c.Close()
+		}
+	}()
+	if d.reaches(b, "http://"+l.Addr().String()+"/") {
+		t.Errorf("isolated b reached the host at %s", l.Addr())
+	}
+	select {
+	case <-got:
+		t.Errorf("host listener on %s accepted a connection from isolated b", l.Addr())
+	default:
+	}
+
+	n := d.create("--name", "n", "--network", "none")
+	nsb := d.inspect(n)
+	if nsb.Network == nil || nsb.Network.Policy != "none" || nsb.Network.Address != "" || len(nsb.Ports) != 0 {
+		t.Errorf("none sandbox network %+v ports %+v, want policy none only", nsb.Network, nsb.Ports)
+	}
+	var ifs []string
+	for _, line := range strings.Split(d.execOut(n, "cat", "/proc/net/dev"), "\n") {
+		if name, _, ok := strings.Cut(line, ":"); ok {
+			ifs = append(ifs, strings.TrimSpace(name))
+		}
+	}
+	if !slices.Equal(ifs, []string{"lo"}) {
+		t.Errorf("none sandbox interfaces %v, want [lo]", ifs)
+	}
+	if r := d.k7(nil, "create", "--network", "none", "-p", "80", "busybox"); r.code == 0 {
+		t.Errorf("create --network none -p 80 succeeded, want an error")
+	}
+}
+
+// testNetns is a namespace the test makes: a veth to the host with
+// hostAddr on the host side and addrs inside, each serving "ok" over HTTP.
+type testNetns struct {
+	name, hostIf string
+	port         int
+}
+
+func newTestNetns(t *testing.T, hostAddr string, addrs ...string) *testNetns {
+	t.Helper()
+	var b [3]byte
+	rand.Read(b[:])
+	tn := &testNetns{name: "k7t" + hex.EncodeToString(b[:]), hostIf: "k7t" + hex.EncodeToString(b[:]) + "h"}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	ns, err := netns.NewNamed(tn.name) // switches this thread into it
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	back := func() {
+		if err := netns.Set(orig); err != nil {
+			panic(err)
+		}
+	}
+	t.Cleanup(func() {
+		if l, err := netlink.LinkByName(tn.hostIf); err == nil {
+			netlink.LinkDel(l)
+		}
+		netns.DeleteNamed(tn.name)
+	})
+	lo, _ := netlink.LinkByName("lo")
+	netlink.LinkSetUp(lo)
+	back()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: tn.hostIf}, PeerName: "eth0", PeerNamespace: netlink.NsFd(ns)}
+	if err := netlink.LinkAdd(veth); err != nil {
+		t.Fatal(err)
+	}
+	hl, _ := netlink.LinkByName(tn.hostIf)
+	ha, _ := netlink.ParseAddr(hostAddr)
+	if err := netlink.AddrAdd(hl, ha); err != nil {
+		t.Fatal(err)
+	}
+	netlink.LinkSetUp(hl)
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	e, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range addrs {
+		na, _ := netlink.ParseAddr(a)
+		if err := h.AddrAdd(e, na); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.LinkSetUp(e)
+	gw := net.ParseIP(strings.Split(hostAddr, "/")[0])
+	if err := h.RouteAdd(&netlink.Route{LinkIndex: e.Attrs().Index, Gw: gw}); err != nil {
+		t.Fatal(err)
+	}
+	// A listener made inside the namespace stays there.
+	if err := netns.Set(ns); err != nil {
+		t.Fatal(err)
+	}
+	l, err := net.Listen("tcp", "0.0.0.0:0")
+	back()
+	if err != nil {
+		t.Fatal(err)
+	}
+	tn.port = l.Addr().(*net.TCPAddr).Port
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
+	go srv.Serve(l)
+	t.Cleanup(func() { srv.Close() })
+	return tn
+}
+
+// TestNetworkEgressAllow: an egress sandbox with --allow reaches the
+// allowed address of a test namespace and nothing else; an isolated one
+// reaches neither.
+func TestNetworkEgressAllow(t *testing.T) {
+	d := startDaemon(t)
+	tn := newTestNetns(t, "198.18.77.1/29", "198.18.77.2/29", "198.18.77.3/29")
+	e := d.create("--name", "e", "--network", "egress", "--allow", "198.18.77.2")
+	esb := d.inspect(e)
+	if esb.Network == nil || esb.Network.Policy != "egress" || !slices.Equal(esb.Network.Allow, []string{"198.18.77.2/32"}) {
+		t.Fatalf("egress network %+v", esb.Network)
+	}
+	if !d.reaches(e, fmt.Sprintf("http://198.18.77.2:%d/", tn.port)) {
+		t.Errorf("egress sandbox did not reach the allowed 198.18.77.2:%d", tn.port)
+	}
+	if d.reaches(e, fmt.Sprintf("http://198.18.77.3:%d/", tn.port)) {
+		t.Errorf("egress sandbox reached 198.18.77.3, which is not allowed")
+	}
+	i := d.create("--name", "i")
+	if d.reaches(i, fmt.Sprintf("http://198.18.77.2:%d/", tn.port)) {
+		t.Errorf("isolated sandbox reached 198.18.77.2")
+	}
+	if r := d.execOut(e, "cat", "/etc/resolv.conf"); r == "" {
+		t.Errorf("egress sandbox has an empty /etc/resolv.conf")
+	}
+}
+
+// hostNetState lists what the daemon with network prefix p has on the
+// host: its namespaces, links and nftables table.
+func hostNetState(t *testing.T, p string) string {
+	t.Helper()
+	var out []string
+	ents, _ := os.ReadDir("/run/netns")
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), p) {
+			out = append(out, "netns "+e.Name())
+		}
+	}
+	links, err := netlink.LinkList()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range links {
+		if strings.HasPrefix(l.Attrs().Name, p) {
+			out = append(out, "link "+l.Attrs().Name)
+		}
+	}
+	sort.Strings(out)
+	if nft, err := exec.LookPath("nft"); err == nil {
+		b, err := exec.Command(nft, "list", "table", "ip", p).CombinedOutput()
+		if err != nil {
+			t.Fatalf("nft list table ip %s: %v\n%s", p, err, b)
+		}
+		out = append(out, string(b))
+	}
+	return strings.Join(out, "\n")
+}
+
+// TestNetworkCreateDeleteLeavesNothing: 50 create/delete cycles with a
+// published port leave the host's namespaces, links and nftables rules as
+// they were.
+func TestNetworkCreateDeleteLeavesNothing(t *testing.T) {
+	d := startDaemon(t)
+	ctx := context.Background()
+	warm := d.create("-p", "80")
+	d.must("rm", "-f", warm)
+	info, err := d.client.Info(ctx)
+	if err != nil || info.Network == nil || info.Network.Bridge == "" {
+		t.Fatalf("info network = %+v, %v", info.Network, err)
+	}
+	prefix := strings.TrimSuffix(info.Network.Bridge, "br")
+	before := hostNetState(t, prefix)
+	for i := range 50 {
+		sb, err := d.client.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "busybox", Ports: []v1.Port{{Port: 80}}})
+		if err != nil {
+			t.Fatalf("cycle %d: create: %v", i, err)
+		}
+		if _, err := d.client.DeleteSandbox(ctx, sb.ID, false); err != nil {
+			t.Fatalf("cycle %d: delete: %v", i, err)
+		}
+	}
+	if after := hostNetState(t, prefix); after != before {
+		t.Errorf("host network state changed after 50 cycles:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	// A failed create leaves nothing either: the published host port is taken.
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	taken := l.Addr().(*net.TCPAddr).Port
+	if _, err := d.client.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "busybox", Ports: []v1.Port{{HostPort: taken, Port: 80}}}); err == nil {
+		t.Errorf("create on a taken host port succeeded")
+	}
+	if after := hostNetState(t, prefix); after != before {
+		t.Errorf("host network state changed after a failed create:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if l, _ := d.client.ListSandboxes(ctx); len(l) != 0 {
+		t.Errorf("sandboxes left: %+v", l)
+	}
+}
+
+// TestNetworkCost logs the added cost of networking to create and fork:
+// policy none against isolated, n runs each, median and range. It asserts
+// nothing about time (see DESIGN: budgets live in benchmarks).
+func TestNetworkCost(t *testing.T) {
+	if testing.Short() {
+		t.Skip("measurement; skipped with -short")
+	}
+	d := startDaemon(t)
+	ctx := context.Background()
+	const n = 7
+	stats := func(ds []time.Duration) (med, lo, hi time.Duration) {
+		s := slices.Clone(ds)
+		slices.Sort(s)
+		return s[len(s)/2], s[0], s[len(s)-1]
+	}
+	var report []string
+	for _, op := range []string{"create", "fork"} {
+		med := map[string]time.Duration{}
+		for _, policy := range []string{"none", "isolated"} {
+			var parent string
+			if op == "fork" {
+				sb, err := d.client.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "busybox", Network: policy})
+				if err != nil {
+					t.Fatal(err)
+				}
+				parent = sb.ID
+			}
+			var ds []time.Duration
+			for range n + 1 { // the first run warms up
+				start := time.Now()
+				var id string
+				if op == "create" {
+					sb, err := d.client.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "busybox", Network: policy})
+					if err != nil {
+						t.Fatal(err)
+					}
+					id = sb.ID
+				} else {
+					res, err := d.client.ForkSandbox(ctx, parent, v1.ForkRequest{Count: 1})
+					if err != nil {
+						t.Fatal(err)
+					}
+					id = res.Children[0].Sandbox.ID
+				}
+				ds = append(ds, time.Since(start))
+				if _, err := d.client.DeleteSandbox(ctx, id, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ds = ds[1:]
+			m, lo, hi := stats(ds)
+			med[policy] = m
+			report = append(report, fmt.Sprintf("%-6s %-8s median %6.1f ms  range %6.1f–%6.1f ms  n=%d",
+				op, policy, ms(m), ms(lo), ms(hi), len(ds)))
+		}
+		report = append(report, fmt.Sprintf("%-6s added by networking (median isolated − none): %.1f ms (target ≤ 30 ms)",
+			op, ms(med["isolated"]-med["none"])))
+	}
+	t.Logf("networking cost:\n%s", strings.Join(report, "\n"))
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
