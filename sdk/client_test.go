@@ -14,11 +14,12 @@ import (
 
 	v1 "github.com/k7-dev/k7/api/v1"
 	"github.com/k7-dev/k7/sdk"
+	"github.com/k7-dev/k7/sdk/sdktest"
 )
 
-func newClient(t *testing.T, f *fakeDaemon, opts ...sdk.Option) *sdk.Client {
+func newClient(t *testing.T, srv *sdktest.Server, opts ...sdk.Option) *sdk.Client {
 	t.Helper()
-	c, err := sdk.New(f.serveUnix(t), opts...)
+	c, err := sdk.New(srv.Host, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -94,7 +95,7 @@ func TestErrorMapping(t *testing.T) {
 	for _, tc := range codes {
 		t.Run(tc.code, func(t *testing.T) {
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				writeErr(w, tc.status, tc.code, "the message")
+				sdktest.WriteError(w, tc.status, tc.code, "the message")
 			}))
 			defer srv.Close()
 			c, err := sdk.New(srv.URL)
@@ -118,9 +119,7 @@ func TestErrorMapping(t *testing.T) {
 }
 
 func TestToken(t *testing.T) {
-	f := newFakeDaemon()
-	f.token = "s3cret"
-	host := f.serveTCP(t)
+	host := sdktest.NewServer(t, sdktest.WithToken("s3cret"), sdktest.WithTCP()).Host
 	c, _ := sdk.New(host)
 	if _, err := c.Info(ctxT(t)); !errors.Is(err, sdk.ErrUnauthorized) {
 		t.Errorf("without token: %v, want ErrUnauthorized", err)
@@ -146,7 +145,7 @@ func TestToken(t *testing.T) {
 
 func TestSandboxLifecycle(t *testing.T) {
 	ctx := ctxT(t)
-	c := newClient(t, newFakeDaemon())
+	c := newClient(t, sdktest.NewServer(t))
 	if err := c.Health(ctx); err != nil {
 		t.Fatalf("Health: %v", err)
 	}
@@ -197,7 +196,7 @@ func TestSandboxLifecycle(t *testing.T) {
 
 func TestRun(t *testing.T) {
 	ctx := ctxT(t)
-	c := newClient(t, newFakeDaemon())
+	c := newClient(t, sdktest.NewServer(t))
 	sb, err := c.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "alpine:3"})
 	if err != nil {
 		t.Fatal(err)
@@ -214,7 +213,7 @@ func TestRun(t *testing.T) {
 
 func TestExecStreaming(t *testing.T) {
 	ctx := ctxT(t)
-	c := newClient(t, newFakeDaemon())
+	c := newClient(t, sdktest.NewServer(t))
 	sb, err := c.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "alpine:3"})
 	if err != nil {
 		t.Fatal(err)
@@ -302,7 +301,7 @@ func TestExecStreaming(t *testing.T) {
 
 func TestFilesAndLogs(t *testing.T) {
 	ctx := ctxT(t)
-	f := newFakeDaemon()
+	f := sdktest.NewServer(t)
 	c := newClient(t, f)
 	sb, err := c.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "alpine:3"})
 	if err != nil {
@@ -311,7 +310,7 @@ func TestFilesAndLogs(t *testing.T) {
 	if err := c.CopyTo(ctx, sb.ID, "/tmp/a b", 0o755, strings.NewReader("hello")); err != nil {
 		t.Fatalf("CopyTo: %v", err)
 	}
-	if got := f.modes[sb.ID+":/tmp/a b"]; got != "0755" {
+	if got := f.FileMode(sb.ID, "/tmp/a b"); got != "0755" {
 		t.Errorf("mode sent = %q, want 0755", got)
 	}
 	var out bytes.Buffer
@@ -337,7 +336,7 @@ func TestFilesAndLogs(t *testing.T) {
 
 func TestImages(t *testing.T) {
 	ctx := ctxT(t)
-	c := newClient(t, newFakeDaemon())
+	c := newClient(t, sdktest.NewServer(t))
 	var reports []v1.PullProgress
 	img, err := c.PullImage(ctx, v1.PullRequest{Ref: "docker.io/library/busybox:latest"}, func(p v1.PullProgress) { reports = append(reports, p) })
 	if err != nil {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	v1 "github.com/k7-dev/k7/api/v1"
+	"github.com/k7-dev/k7/sdk/sdktest"
 )
 
 // k7 runs one command line against host and returns stdout, stderr and the
@@ -43,7 +44,7 @@ func oneErrorLine(t *testing.T, stderr, want string) {
 }
 
 func TestCreateAndList(t *testing.T) {
-	host := newFakeDaemon().serveUnix(t)
+	host := sdktest.NewServer(t).Host
 	out := mustK7(t, host, "create", "-q", "--name", "web", "--memory", "1.5GiB", "--cpus", "2", "-e", "A=1", "alpine:3")
 	id := strings.TrimSpace(out)
 	if out != id+"\n" || !strings.HasPrefix(id, "sb") {
@@ -89,7 +90,7 @@ func TestCreateAndList(t *testing.T) {
 }
 
 func TestErrors(t *testing.T) {
-	host := newFakeDaemon().serveUnix(t)
+	host := sdktest.NewServer(t).Host
 	for _, tc := range []struct {
 		name     string
 		args     []string
@@ -122,7 +123,7 @@ func TestErrors(t *testing.T) {
 }
 
 func TestUsageErrors(t *testing.T) {
-	host := newFakeDaemon().serveUnix(t)
+	host := sdktest.NewServer(t).Host
 	for _, args := range [][]string{{"create"}, {"ls", "--bogus"}, {"-o", "yaml", "ls"}, {"cp", "a", "b"}, {"exec", "sb"}, {"nosuch"}} {
 		_, errs, code := k7(t, host, "", args...)
 		if code != 2 || !strings.HasPrefix(errs, "k7: ") || !strings.Contains(errs, "Usage:") {
@@ -148,7 +149,7 @@ func TestDaemonNotRunning(t *testing.T) {
 }
 
 func TestExec(t *testing.T) {
-	host := newFakeDaemon().serveUnix(t)
+	host := sdktest.NewServer(t).Host
 	mustK7(t, host, "create", "--name", "web", "alpine:3")
 	for _, tc := range []struct {
 		name             string
@@ -178,7 +179,7 @@ func TestExec(t *testing.T) {
 }
 
 func TestCpRoundTrip(t *testing.T) {
-	host := newFakeDaemon().serveUnix(t)
+	host := sdktest.NewServer(t).Host
 	mustK7(t, host, "create", "--name", "web", "alpine:3")
 	dir := t.TempDir()
 	src := filepath.Join(dir, "in.sh")
@@ -211,7 +212,7 @@ func TestCpRoundTrip(t *testing.T) {
 }
 
 func TestImages(t *testing.T) {
-	host := newFakeDaemon().serveUnix(t)
+	host := sdktest.NewServer(t).Host
 	out, errs, code := k7(t, host, "", "image", "pull", "docker.io/library/busybox:1")
 	if code != 0 || out != "sha256:"+strings.Repeat("b", 64)+"\n" || !strings.Contains(errs, "Pulled docker.io/library/busybox:1") {
 		t.Errorf("pull: exit %d, stdout %q, stderr %q", code, out, errs)
@@ -244,8 +245,8 @@ func TestImages(t *testing.T) {
 }
 
 func TestInfoVersionPrune(t *testing.T) {
-	f := newFakeDaemon()
-	host := f.serveUnix(t)
+	f := sdktest.NewServer(t)
+	host := f.Host
 	if out := mustK7(t, host, "version"); !strings.Contains(out, "Server:\n  Version: fake-1.0") {
 		t.Errorf("version = %q", out)
 	}
@@ -254,9 +255,7 @@ func TestInfoVersionPrune(t *testing.T) {
 		t.Errorf("info -o json: %v %+v", err, info)
 	}
 	id := strings.TrimSpace(mustK7(t, host, "create", "-q", "alpine:3"))
-	f.mu.Lock()
-	f.sandboxes[id].State = v1.StateDead
-	f.mu.Unlock()
+	f.SetState(id, v1.StateDead)
 	if got := mustK7(t, host, "ls", "--live", "-q"); got != "" {
 		t.Errorf("ls --live -q listed the dead sandbox: %q", got)
 	}
