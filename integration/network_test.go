@@ -78,11 +78,24 @@ func (d *daemon) startHttpd(id, page string) {
 	})
 }
 
-// reaches reports whether sandbox id can fetch url (wget, 3 s timeout).
-func (d *daemon) reaches(id, url string) bool {
+// fetch runs wget for url in sandbox id, killed after 4 s, and returns its
+// output and exit code. (busybox wget -T crashes under gVisor; timeout
+// does the job.)
+func (d *daemon) fetch(id, url string) (string, int) {
 	d.t.Helper()
-	r := d.k7(nil, "exec", id, "--", "wget", "-q", "-T", "3", "-O-", url)
-	return r.code == 0
+	r := d.k7(nil, "exec", id, "--", "timeout", "4", "wget", "-q", "-O-", url)
+	return r.stdout, r.code
+}
+
+// reaches reports whether sandbox id fetches want from url; a wget that
+// crashed instead of failing fails the test (it would prove nothing).
+func (d *daemon) reaches(id, url, want string) bool {
+	d.t.Helper()
+	out, code := d.fetch(id, url)
+	if code == 139 {
+		d.t.Fatalf("wget %s in %s crashed", url, id)
+	}
+	return code == 0 && out == want
 }
 
 // TestNetworkPublishedPortsAndFork: a published httpd answers from the
@@ -172,7 +185,7 @@ func TestNetworkIsolation(t *testing.T) {
 		t.Fatalf("b network %+v (a: %+v), want isolated with another address", bsb.Network, asb.Network)
 	}
 	for _, addr := range []string{asb.Network.Address, asb.Network.Outer} {
-		if d.reaches(b, "http://"+addr+":8080/") {
+		if d.reaches(b, "http://"+addr+":8080/", "a page") {
 			t.Errorf("isolated b reached sandbox a at %s:8080", addr)
 		}
 	}
@@ -198,8 +211,12 @@ func TestNetworkIsolation(t *testing.T) {
 			c.Close()
 		}
 	}()
-	if d.reaches(b, "http://"+l.Addr().String()+"/") {
-		t.Errorf("isolated b reached the host at %s", l.Addr())
+	if out, code := d.fetch(b, "http://"+l.Addr().String()+"/"); code == 0 || code == 139 {
+		t.Errorf("wget of the host at %s from isolated b: exit %d, output %q; want a failure", l.Addr(), code, out)
+	}
+	// The positive control: the same wget works for a's own page.
+	if !d.reaches(a, "http://127.0.0.1:8080/", "a page") {
+		t.Errorf("a does not reach its own httpd with the test's wget")
 	}
 	select {
 	case <-got:
@@ -321,14 +338,14 @@ func TestNetworkEgressAllow(t *testing.T) {
 	if esb.Network == nil || esb.Network.Policy != "egress" || !slices.Equal(esb.Network.Allow, []string{"198.18.77.2/32"}) {
 		t.Fatalf("egress network %+v", esb.Network)
 	}
-	if !d.reaches(e, fmt.Sprintf("http://198.18.77.2:%d/", tn.port)) {
+	if !d.reaches(e, fmt.Sprintf("http://198.18.77.2:%d/", tn.port), "ok") {
 		t.Errorf("egress sandbox did not reach the allowed 198.18.77.2:%d", tn.port)
 	}
-	if d.reaches(e, fmt.Sprintf("http://198.18.77.3:%d/", tn.port)) {
+	if d.reaches(e, fmt.Sprintf("http://198.18.77.3:%d/", tn.port), "ok") {
 		t.Errorf("egress sandbox reached 198.18.77.3, which is not allowed")
 	}
 	i := d.create("--name", "i")
-	if d.reaches(i, fmt.Sprintf("http://198.18.77.2:%d/", tn.port)) {
+	if d.reaches(i, fmt.Sprintf("http://198.18.77.2:%d/", tn.port), "ok") {
 		t.Errorf("isolated sandbox reached 198.18.77.2")
 	}
 	if r := d.execOut(e, "cat", "/etc/resolv.conf"); r == "" {
