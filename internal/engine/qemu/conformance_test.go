@@ -2,6 +2,7 @@ package qemu
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/k7-dev/k7/internal/engine"
@@ -12,7 +13,8 @@ import (
 func TestConformance(t *testing.T) {
 	requireQEMU(t)
 	enginetest.Run(t, func(t *testing.T) engine.Engine {
-		e, err := New(Config{Root: t.TempDir(), AgentPath: testutil.Binary(t, "k7-agent"), Accel: os.Getenv("K7_QEMU_ACCEL")})
+		// The package's shared root: the kernel is extracted once.
+		e, err := New(Config{Root: filepath.Join(testRoot, "engine"), AgentPath: testutil.Binary(t, "k7-agent"), Accel: os.Getenv("K7_QEMU_ACCEL")})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -20,5 +22,6 @@ func TestConformance(t *testing.T) {
 	}, enginetest.Config{
 		CarriesProcesses: true,
 		IsolatedHostname: true,
+		Concurrent:       3, // TCG boots are CPU-bound: 2 cores
 	})
 }

@@ -213,5 +213,6 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) error 
 	if err := e.start(ctx, st, e.log.With("sandbox", req.ID)); err != nil {
 		return fmt.Errorf("restoring sandbox %q: %w", req.ID, err)
 	}
+	e.poolRefill(st)
 	return nil
 }

@@ -58,7 +58,7 @@ func requireQEMU(t *testing.T) {
 
 // busyboxRootfs makes a root filesystem of a static busybox, the smallest
 // image that has a shell.
-func busyboxRootfs(t testing.TB, dir string) string {
+func busyboxRootfs(t testing.TB, dir string) {
 	t.Helper()
 	bb, err := exec.LookPath("busybox")
 	if err != nil {
@@ -88,7 +88,6 @@ func busyboxRootfs(t testing.TB, dir string) string {
 	}
 	_ = os.WriteFile(filepath.Join(dir, "etc", "passwd"), []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/:/bin/false\n"), 0o644)
 	_ = os.WriteFile(filepath.Join(dir, "etc", "group"), []byte("root:x:0:\nnogroup:x:65534:\n"), 0o644)
-	return dir
 }
 
 // newEngine returns an engine with a fresh root and a busybox rootfs
@@ -103,10 +102,15 @@ func newEngine(t *testing.T) (*Engine, string) {
 	if testing.Verbose() {
 		log = slog.New(slog.NewTextHandler(testWriter{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}
-	e, err := New(Config{Root: root, AgentPath: testutil.Binary(t, "k7-agent"), Accel: os.Getenv("K7_QEMU_ACCEL"), Log: log})
+	pool := 0
+	if os.Getenv("K7_QEMU_POOL") == "1" {
+		pool = 1
+	}
+	e, err := New(Config{Root: root, AgentPath: testutil.Binary(t, "k7-agent"), Accel: os.Getenv("K7_QEMU_ACCEL"), Log: log, ForkPool: pool})
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = e.Close() })
 	return e, rootfs
 }
 
@@ -220,6 +224,8 @@ func TestBootExec(t *testing.T) {
 	if !slices.Contains(ids, "b1") {
 		t.Errorf("List = %v, want b1 in it", ids)
 	}
+	pauseResume(t, e, c, "b1")
+
 	lr, err := e.Logs(context.Background(), "b1")
 	if err != nil {
 		t.Fatal(err)
@@ -249,35 +255,6 @@ func TestReattach(t *testing.T) {
 	c2 := connect(t, e2, "r1")
 	if out, _ := run(t, c2, "cat", "/tmp/x"); out != "before\n" {
 		t.Errorf("after restart: %q", out)
-	}
-}
-
-func TestPauseResume(t *testing.T) {
-	e, rootfs := newEngine(t)
-	ctx := context.Background()
-	create(t, e, "p1", rootfs)
-	c := connect(t, e, "p1")
-	if err := e.Pause(ctx, "p1"); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ := e.Status(ctx, "p1"); st.State != engine.StatePaused {
-		t.Errorf("state after Pause = %v, want paused", st.State)
-	}
-	// A paused guest does not answer.
-	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err := c.Ping(pctx)
-	cancel()
-	if err == nil {
-		t.Error("paused guest answered a ping")
-	}
-	if err := e.Resume(ctx, "p1"); err != nil {
-		t.Fatal(err)
-	}
-	if st, _ := e.Status(ctx, "p1"); st.State != engine.StateRunning {
-		t.Errorf("state after Resume = %v, want running", st.State)
-	}
-	if out, code := run(t, c, "echo", "back"); out != "back\n" || code != 0 {
-		t.Errorf("exec after resume = %q, %d", out, code)
 	}
 }
 
@@ -470,6 +447,32 @@ func TestFork(t *testing.T) {
 	st, _ := e.readState("kid1")
 	_ = e.Delete(ctx, "kid1")
 	assertNothingLeft(t, e, st)
+}
+
+func pauseResume(t *testing.T, e *Engine, c *client.Client, id string) {
+	ctx := context.Background()
+	if err := e.Pause(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.Status(ctx, id); st.State != engine.StatePaused {
+		t.Errorf("state after Pause = %v, want paused", st.State)
+	}
+	// A paused guest does not answer.
+	pctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err := c.Ping(pctx)
+	cancel()
+	if err == nil {
+		t.Error("paused guest answered a ping")
+	}
+	if err := e.Resume(ctx, id); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := e.Status(ctx, id); st.State != engine.StateRunning {
+		t.Errorf("state after Resume = %v, want running", st.State)
+	}
+	if out, code := run(t, c, "echo", "back"); out != "back\n" || code != 0 {
+		t.Errorf("exec after resume = %q, %d", out, code)
+	}
 }
 
 type testWriter struct{ t testing.TB }

@@ -56,7 +56,20 @@ func (e *Engine) start(ctx context.Context, st *vmState, log interface {
 	Debug(string, ...any)
 }) (err error) {
 	dir := e.dir(st.ID)
-	if err := os.Mkdir(dir, 0o755); err != nil {
+	var pooled *poolEntry
+	if st.Incoming != "" && st.SockDir == dir {
+		pooled = e.poolTake(st)
+	}
+	if pooled != nil {
+		if _, err := os.Lstat(dir); err == nil {
+			e.poolDiscard(pooled)
+			return fmt.Errorf("sandbox %q: %w", st.ID, errdefs.ErrAlreadyExists)
+		}
+		if err := os.Rename(pooled.st.poolDir, dir); err != nil {
+			e.poolDiscard(pooled)
+			return err
+		}
+	} else if err := os.Mkdir(dir, 0o755); err != nil {
 		if os.IsExist(err) {
 			return fmt.Errorf("sandbox %q: %w", st.ID, errdefs.ErrAlreadyExists)
 		}
@@ -85,8 +98,10 @@ func (e *Engine) start(ctx context.Context, st *vmState, log interface {
 	}
 	step := func(name string, t time.Time) { log.Debug("start step", "step", name, "took", time.Since(t)) }
 	t := time.Now()
-	exited, err := e.launch(st)
-	if err != nil {
+	var exited <-chan struct{}
+	if pooled != nil {
+		st.PID, st.StartTime, exited = pooled.st.PID, pooled.st.StartTime, pooled.exited
+	} else if exited, err = e.launch(st); err != nil {
 		return err
 	}
 	cu.add(func() { e.kill(context.WithoutCancel(ctx), st) })
@@ -97,7 +112,14 @@ func (e *Engine) start(ctx context.Context, st *vmState, log interface {
 		return err
 	}
 	defer func() { _ = q.Close() }()
-	step("monitor", t)
+	if pooled != nil {
+		if err := e.claim(ctx, q, st); err != nil {
+			return fmt.Errorf("claiming a fork-pool QEMU: %w", err)
+		}
+		step("claim pooled QEMU", t)
+	} else {
+		step("monitor", t)
+	}
 	if st.Incoming != "" {
 		t = time.Now()
 		if err := e.loadState(ctx, q, st); err != nil {

@@ -37,6 +37,15 @@ type vmState struct {
 	Hostname    string   `json:"hostname,omitempty"`
 	Env         []string `json:"env,omitempty"`
 	Incoming    string   `json:"-"` // device state to load (restore)
+	poolDir     string   // set for a fork-pool process: its dir; it starts in preconfig without RAM
+}
+
+// dir returns where st's files are: its sandbox dir, or its pool dir.
+func (e *Engine) stDir(st *vmState) string {
+	if st.poolDir != "" {
+		return st.poolDir
+	}
+	return e.dir(st.ID)
 }
 
 func (st *vmState) qmpSock() string   { return filepath.Join(st.SockDir, "qmp.sock") }
@@ -123,7 +132,7 @@ func (e *Engine) kernelArgs(st *vmState) (string, error) {
 // qemuArgs is the QEMU command line. A child's differs from its source's
 // only in its sockets, log and RAM backend, so that device state loads.
 func (e *Engine) qemuArgs(st *vmState) ([]string, error) {
-	dir := e.dir(st.ID)
+	dir := e.stDir(st)
 	kargs, err := e.kernelArgs(st)
 	if err != nil {
 		return nil, err
@@ -148,6 +157,9 @@ func (e *Engine) qemuArgs(st *vmState) ([]string, error) {
 		"-qmp", "unix:"+st.qmpSock()+",server=on,wait=off",
 	)
 	switch {
+	case st.poolDir != "":
+		// The RAM backend is added in preconfig when the process is used.
+		a = append(a, "-preconfig")
 	case st.MemFile != "":
 		a = append(a, "-object", fmt.Sprintf("memory-backend-file,id=mem,size=%s,mem-path=%s,share=on", mem, st.MemFile))
 	case st.Frozen != "":
@@ -155,7 +167,9 @@ func (e *Engine) qemuArgs(st *vmState) ([]string, error) {
 	default:
 		a = append(a, "-object", fmt.Sprintf("memory-backend-ram,id=mem,size=%s", mem))
 	}
-	a = append(a, "-machine", "memory-backend=mem")
+	if st.poolDir == "" {
+		a = append(a, "-machine", "memory-backend=mem")
+	}
 	if st.Disk != "" {
 		a = append(a,
 			"-drive", "file="+st.Disk+",if=none,id=root,format=raw,readonly=on,cache=unsafe",
@@ -184,7 +198,7 @@ func (e *Engine) launch(st *vmState) (<-chan struct{}, error) {
 	if err != nil {
 		return nil, err
 	}
-	dir := e.dir(st.ID)
+	dir := e.stDir(st)
 	stderr, err := os.OpenFile(filepath.Join(dir, "qemu.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
