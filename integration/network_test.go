@@ -429,8 +429,10 @@ func TestNetworkCreateDeleteLeavesNothing(t *testing.T) {
 }
 
 // TestNetworkCost logs the added cost of networking to create and fork:
-// policy none against isolated, n runs each, median and range. It asserts
-// nothing about time (see DESIGN: budgets live in benchmarks).
+// policy none against isolated, runs interleaved, median and range, both
+// end to end (client side) and as the daemon's own step timings (the
+// "network" setup step and the engine's "start" step, from its debug log).
+// It asserts nothing about time (see DESIGN: budgets live in benchmarks).
 func TestNetworkCost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measurement; skipped with -short")
@@ -438,25 +440,23 @@ func TestNetworkCost(t *testing.T) {
 	d := startDaemon(t)
 	ctx := context.Background()
 	const n = 7
-	stats := func(ds []time.Duration) (med, lo, hi time.Duration) {
-		s := slices.Clone(ds)
-		slices.Sort(s)
-		return s[len(s)/2], s[0], s[len(s)-1]
-	}
+	policies := []string{"none", "isolated"}
 	var report []string
 	for _, op := range []string{"create", "fork"} {
-		med := map[string]time.Duration{}
-		for _, policy := range []string{"none", "isolated"} {
-			var parent string
-			if op == "fork" {
+		parents := map[string]string{}
+		if op == "fork" {
+			for _, policy := range policies {
 				sb, err := d.client.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "busybox", Network: policy})
 				if err != nil {
 					t.Fatal(err)
 				}
-				parent = sb.ID
+				parents[policy] = sb.ID
 			}
-			var ds []time.Duration
-			for range n + 1 { // the first run warms up
+		}
+		wall := map[string][]time.Duration{}
+		ids := map[string][]string{}
+		for i := range n + 1 { // the first round warms up
+			for _, policy := range policies {
 				start := time.Now()
 				var id string
 				if op == "create" {
@@ -466,27 +466,87 @@ func TestNetworkCost(t *testing.T) {
 					}
 					id = sb.ID
 				} else {
-					res, err := d.client.ForkSandbox(ctx, parent, v1.ForkRequest{Count: 1})
+					res, err := d.client.ForkSandbox(ctx, parents[policy], v1.ForkRequest{Count: 1})
 					if err != nil {
 						t.Fatal(err)
 					}
 					id = res.Children[0].Sandbox.ID
 				}
-				ds = append(ds, time.Since(start))
+				took := time.Since(start)
 				if _, err := d.client.DeleteSandbox(ctx, id, false); err != nil {
 					t.Fatal(err)
 				}
+				if i > 0 {
+					wall[policy] = append(wall[policy], took)
+					ids[policy] = append(ids[policy], id)
+				}
 			}
-			ds = ds[1:]
-			m, lo, hi := stats(ds)
-			med[policy] = m
-			report = append(report, fmt.Sprintf("%-6s %-8s median %6.1f ms  range %6.1f–%6.1f ms  n=%d",
-				op, policy, ms(m), ms(lo), ms(hi), len(ds)))
 		}
-		report = append(report, fmt.Sprintf("%-6s added by networking (median isolated − none): %.1f ms (target ≤ 30 ms)",
+		steps := daemonSteps(t, d.logPath)
+		med := map[string]time.Duration{}
+		for _, policy := range policies {
+			med[policy] = median(wall[policy])
+			report = append(report, fmt.Sprintf("%-6s %-8s end to end %s", op, policy, summary(wall[policy])))
+			for _, st := range []string{"network", "start"} {
+				var ds []time.Duration
+				for _, id := range ids[policy] {
+					if v, ok := steps[id+"/"+st]; ok {
+						ds = append(ds, v)
+					}
+				}
+				if len(ds) > 0 {
+					report = append(report, fmt.Sprintf("%-6s %-8s step %-8s %s", op, policy, st, summary(ds)))
+				}
+			}
+		}
+		report = append(report, fmt.Sprintf("%-6s added by networking, end to end (median isolated - none): %.1f ms (target <= 30 ms)",
 			op, ms(med["isolated"]-med["none"])))
 	}
 	t.Logf("networking cost:\n%s", strings.Join(report, "\n"))
+}
+
+// daemonSteps reads "msg=step sandbox=ID step=NAME took=D" lines of a k7d
+// debug log into ID/NAME -> D.
+func daemonSteps(t *testing.T, path string) map[string]time.Duration {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]time.Duration{}
+	for _, line := range strings.Split(string(b), "\n") {
+		if !strings.Contains(line, " msg=step ") {
+			continue
+		}
+		var id, step string
+		var took time.Duration
+		for _, f := range strings.Fields(line) {
+			k, v, _ := strings.Cut(f, "=")
+			switch k {
+			case "sandbox":
+				id = v
+			case "step":
+				step = v
+			case "took":
+				took, _ = time.ParseDuration(v)
+			}
+		}
+		if id != "" && step != "" {
+			out[id+"/"+step] = took
+		}
+	}
+	return out
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
+
+func summary(ds []time.Duration) string {
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return fmt.Sprintf("median %7.1f ms  range %7.1f-%7.1f ms  n=%d", ms(s[len(s)/2]), ms(s[0]), ms(s[len(s)-1]), len(s))
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
