@@ -209,20 +209,23 @@ func mountRoot(dev string) error {
 
 // mountSpecial mounts the kernel file systems under root.
 func mountSpecial(root string) error {
-	for _, m := range []struct{ src, dst, typ, opts string }{
-		{"devtmpfs", "/dev", "devtmpfs", ""},
-		{"proc", "/proc", "proc", ""},
-		{"sysfs", "/sys", "sysfs", ""},
-		{"devpts", "/dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=0620,gid=5"},
-		{"tmpfs", "/dev/shm", "tmpfs", "mode=1777"},
-		{"tmpfs", "/run", "tmpfs", "mode=0755"},
+	for _, m := range []struct {
+		src, dst, typ, opts string
+		flags               uintptr
+	}{
+		{"devtmpfs", "/dev", "devtmpfs", "mode=0755", unix.MS_NOSUID},
+		{"proc", "/proc", "proc", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+		{"sysfs", "/sys", "sysfs", "", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC},
+		{"devpts", "/dev/pts", "devpts", "newinstance,ptmxmode=0666,mode=0620", unix.MS_NOSUID | unix.MS_NOEXEC},
+		{"tmpfs", "/dev/shm", "tmpfs", "mode=1777", unix.MS_NOSUID | unix.MS_NODEV},
+		{"tmpfs", "/run", "tmpfs", "mode=0755", unix.MS_NOSUID | unix.MS_NODEV},
 	} {
 		dst := root + m.dst
 		_ = os.MkdirAll(dst, 0o755)
 		if root == "" && (m.dst == "/dev" || m.dst == "/proc" || m.dst == "/sys") {
 			continue // already mounted
 		}
-		if err := unix.Mount(m.src, dst, m.typ, 0, m.opts); err != nil {
+		if err := unix.Mount(m.src, dst, m.typ, m.flags, m.opts); err != nil {
 			return fmt.Errorf("mounting %s: %w", dst, err)
 		}
 	}
