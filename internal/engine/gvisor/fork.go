@@ -17,8 +17,8 @@ import (
 // versionFile in a capture dir holds the Version of the engine that wrote it.
 const versionFile = "engine-version"
 
-// Checkpoint captures a running sandbox with "runsc checkpoint
-// --leave-running" into req.Dir. The source is paused for about the
+// Checkpoint captures a running sandbox into req.Dir as "runsc checkpoint
+// --leave-running" does (see control.go). The source is paused for about the
 // duration of the call (reported as SourcePause). Blocking reads in the
 // guest return early (EINTR) during a checkpoint.
 func (e *Engine) Checkpoint(ctx context.Context, req *engine.CheckpointRequest) (*engine.CheckpointResult, error) {
@@ -35,7 +35,7 @@ func (e *Engine) Checkpoint(ctx context.Context, req *engine.CheckpointRequest) 
 		return nil, fmt.Errorf("checkpointing sandbox %q: %w", req.ID, err)
 	}
 	start := time.Now()
-	if _, err := e.runsc(ctx, e.dir(req.ID), "checkpoint", "--leave-running", "--image-path", req.Dir, e.cid(req.ID)); err != nil {
+	if err := e.checkpoint(ctx, e.cid(req.ID), req.Dir); err != nil {
 		return nil, fmt.Errorf("checkpointing sandbox %q: %w", req.ID, err)
 	}
 	pause := time.Since(start)

@@ -185,7 +185,7 @@ func (e *Engine) destroy(ctx context.Context, log interface{ Warn(string, ...any
 // remove deletes the runsc container cid (killing it first if runsc
 // refuses), its leftover cgroups, and dir.
 func (e *Engine) remove(ctx context.Context, cid, dir string) error {
-	if _, err := e.state(ctx, cid); err == nil {
+	if _, err := os.Stat(e.stateFilePath(cid)); err == nil {
 		if _, err := e.runsc(ctx, "", "delete", "-force", cid); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			// A container that runsc cannot delete yet ("not stopped"):
 			// kill it and retry.
@@ -194,7 +194,7 @@ func (e *Engine) remove(ctx context.Context, cid, dir string) error {
 				return err2
 			}
 		}
-	} else if !errors.Is(err, errdefs.ErrNotFound) {
+	} else if !isNotExist(err) {
 		return err
 	}
 	e.removeCgroups(cid)
@@ -304,7 +304,7 @@ func (c *fifoConn) Close() error {
 	return errors.Join(err1, err2)
 }
 
-// Pause freezes the sandbox.
+// Pause freezes the sandbox (see control.go).
 func (e *Engine) Pause(ctx context.Context, id string) error {
 	return e.simple(ctx, "pausing", "pause", id)
 }
@@ -322,20 +322,26 @@ func (e *Engine) simple(ctx context.Context, verb, op, id string) error {
 		return fmt.Errorf("%s sandbox %q: %w", verb, id, errdefs.ErrNotFound)
 	}
 	start := time.Now()
-	if _, err := e.runsc(ctx, "", op, e.cid(id)); err != nil {
+	if err := e.setPaused(ctx, e.cid(id), op == "pause"); err != nil {
 		return fmt.Errorf("%s sandbox %q: %w", verb, id, err)
 	}
-	e.log.Debug("runsc "+op, "sandbox", id, "took", time.Since(start))
+	e.log.Debug(op, "sandbox", id, "took", time.Since(start))
 	return nil
 }
 
 // Status reports runsc's state, corrected to StateDead when the sandbox
-// process is gone while runsc still reports it running or paused.
+// process is gone while runsc still reports it running or paused. It reads
+// runsc's state file and runs "runsc state" only when the file cannot
+// answer alone (see quickState).
 func (e *Engine) Status(ctx context.Context, id string) (engine.Status, error) {
 	if err := checkID(id); err != nil {
 		return engine.Status{}, err
 	}
-	st, err := e.state(ctx, e.cid(id))
+	cid := e.cid(id)
+	st, ok, err := e.quickState(cid)
+	if !ok {
+		st, err = e.state(ctx, cid)
+	}
 	if err != nil {
 		if errors.Is(err, errdefs.ErrNotFound) {
 			if e.exists(id) {
