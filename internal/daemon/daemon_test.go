@@ -51,12 +51,20 @@ func testConfig(t *testing.T, dir string) Config {
 
 func startDaemon(t *testing.T, cfg Config, eng engine.Engine) *harness {
 	t.Helper()
+	return startDaemonNet(t, cfg, eng, nil)
+}
+
+// startDaemonNet starts a daemon whose network manager is nets (nil: the
+// real one, opened on first use).
+func startDaemonNet(t *testing.T, cfg Config, eng engine.Engine, nets Networks) *harness {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	h := &harness{t: t, cfg: cfg, eng: eng, cancel: cancel, done: make(chan error, 1)}
 	opts := Options{
 		Engines:  []engine.Engine{eng},
 		Images:   testImages{dir: t.TempDir()},
 		NewAgent: newTestAgent,
+		Network:  nets,
 	}
 	go func() { h.done <- Run(ctx, cfg, opts) }()
 	h.hc = &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {

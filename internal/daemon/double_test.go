@@ -27,13 +27,15 @@ type testSandbox struct {
 	state    engine.State
 	hostname string
 	files    map[string][]byte
+	netns    string
 	conn     *testConn
 	log      bytes.Buffer
 }
 
 type testEngine struct {
-	name string
-	fork bool
+	name    string
+	fork    bool
+	network bool // reports Capabilities.Network
 
 	mu  sync.Mutex
 	sbs map[string]*testSandbox
@@ -47,9 +49,11 @@ func newTestEngine(fork bool) *testEngine {
 	return &testEngine{name: "fake", fork: fork, sbs: map[string]*testSandbox{}}
 }
 
-func (e *testEngine) Name() string                      { return e.name }
-func (e *testEngine) Capabilities() engine.Capabilities { return engine.Capabilities{Fork: e.fork} }
-func (e *testEngine) Version() string                   { return "test-1" }
+func (e *testEngine) Name() string { return e.name }
+func (e *testEngine) Capabilities() engine.Capabilities {
+	return engine.Capabilities{Fork: e.fork, Network: e.network}
+}
+func (e *testEngine) Version() string { return "test-1" }
 
 func (e *testEngine) Create(ctx context.Context, req *engine.CreateRequest) error {
 	e.mu.Lock()
@@ -61,7 +65,7 @@ func (e *testEngine) Create(ctx context.Context, req *engine.CreateRequest) erro
 	if _, ok := e.sbs[req.ID]; ok {
 		return fmt.Errorf("sandbox %s: %w", req.ID, errdefs.ErrAlreadyExists)
 	}
-	e.sbs[req.ID] = &testSandbox{id: req.ID, state: engine.StateRunning, hostname: req.Hostname, files: map[string][]byte{}}
+	e.sbs[req.ID] = &testSandbox{id: req.ID, state: engine.StateRunning, hostname: req.Hostname, files: map[string][]byte{}, netns: req.Netns}
 	return nil
 }
 
