@@ -70,7 +70,8 @@ type Config struct {
 	// AgentPath is the static k7-agent binary put into the initramfs. Required.
 	AgentPath string
 	// InitPath is the static vminit binary (package .../qemu/vminit);
-	// default: built with "go build" from this source tree.
+	// default: k7-vminit next to AgentPath, else built with "go build"
+	// from the source tree this engine was compiled from.
 	InitPath string
 	// ShmDir holds the guest RAM files of forkable sandboxes; it must be a
 	// tmpfs. Default /dev/shm.
@@ -232,6 +233,9 @@ func (e *Engine) prepareKernel() error {
 
 func (e *Engine) prepareInitramfs() error {
 	initPath := e.cfg.InitPath
+	if p := filepath.Join(filepath.Dir(e.cfg.AgentPath), "k7-vminit"); initPath == "" && isFile(p) {
+		initPath = p
+	}
 	if initPath == "" {
 		var err error
 		if initPath, err = e.buildVMInit(); err != nil {
@@ -287,6 +291,11 @@ func (e *Engine) buildVMInit() (string, error) {
 		return "", fmt.Errorf("building vminit: %w: %s", err, b)
 	}
 	return out, os.Rename(tmp, out)
+}
+
+func isFile(p string) bool {
+	fi, err := os.Stat(p)
+	return err == nil && fi.Mode().IsRegular()
 }
 
 func hashFile(h io.Writer, p string) error {
