@@ -10,8 +10,9 @@ help: ## list targets
 setup: ## install Debian packages, build runsc and k7 (idempotent)
 	./scripts/setup.sh
 
-build: ## build bin/k7 bin/k7d bin/k7-agent
+build: ## build bin/k7 bin/k7d bin/k7-agent bin/k7-vminit
 	CGO_ENABLED=0 go build -o bin/ ./cmd/k7 ./cmd/k7d ./cmd/k7-agent
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o bin/k7-vminit ./internal/engine/qemu/vminit
 
 quickstart: ## set up, start k7d, create, exec, fork
 	./scripts/quickstart.sh

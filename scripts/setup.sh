@@ -4,9 +4,13 @@
 # finds everything in place and changes nothing.
 #
 #   Debian packages   busybox-static (the built-in busybox image), e2fsprogs
+#                     (ext4 root disks), qemu-system-x86 and linux-image-amd64
+#                     (the qemu engine's VMM and guest kernel), nftables and
+#                     iproute2 (network tests compare listings), procps
 #   runsc             built from the pinned gvisor.dev/gvisor Go module into
 #                     $K7_CACHE/runsc/<version>/runsc, linked as bin/runsc
-#   k7, k7d, k7-agent built from this tree into bin/
+#   k7, k7d, k7-agent built from this tree into bin/, with k7-vminit (the
+#                     qemu engine's /init, next to k7-agent)
 #
 # Nothing is downloaded from anywhere but Debian's archive and the Go module
 # proxy.
@@ -31,7 +35,7 @@ need_root() {
 
 apt_packages() {
 	local missing=()
-	for p in busybox-static e2fsprogs xz-utils; do
+	for p in busybox-static e2fsprogs xz-utils qemu-system-x86 linux-image-amd64 nftables iproute2 procps; do
 		dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 	done
 	if [ ${#missing[@]} -eq 0 ]; then
@@ -67,10 +71,11 @@ build_runsc() {
 }
 
 build_k7() {
-	log "k7: building bin/k7 bin/k7d bin/k7-agent"
+	log "k7: building bin/k7 bin/k7d bin/k7-agent bin/k7-vminit"
 	mkdir -p "$root/bin"
 	local ldflags="-X github.com/k7-dev/k7/internal/version.Version=$(cat "$root/VERSION" 2>/dev/null || echo dev)"
 	CGO_ENABLED=0 go build -ldflags "$ldflags" -o "$root/bin/" ./cmd/k7 ./cmd/k7d ./cmd/k7-agent
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$root/bin/k7-vminit" ./internal/engine/qemu/vminit
 }
 
 need_root
