@@ -23,12 +23,14 @@ type daemon struct {
 	stateDir string
 	socket   string
 	logPath  string
+	engines  string // k7d --engines
 	cmd      *exec.Cmd
 	client   *sdk.Client
 }
 
-// startDaemon starts k7d on a fresh state dir; t.Cleanup prunes and stops it.
-func startDaemon(t *testing.T) *daemon {
+// startDaemon starts k7d on a fresh state dir with the gvisor engine, or
+// with the engines given (k7d's --engines); t.Cleanup prunes and stops it.
+func startDaemon(t *testing.T, engines ...string) *daemon {
 	t.Helper()
 	testutil.RequiresRoot(t)
 	testutil.Runsc(t)
@@ -41,6 +43,10 @@ func startDaemon(t *testing.T) *daemon {
 		stateDir: filepath.Join(dir, "state"),
 		socket:   filepath.Join(dir, "k7.sock"),
 		logPath:  filepath.Join(dir, "k7d.log"),
+		engines:  "gvisor",
+	}
+	if len(engines) > 0 {
+		d.engines = strings.Join(engines, ",")
 	}
 	d.start()
 	t.Cleanup(func() {
@@ -60,7 +66,8 @@ func startDaemon(t *testing.T) *daemon {
 		// The daemon's own cleanup must leave nothing behind; a plain
 		// removal of the temp dir is the last resort.
 		if out, err := exec.Command(testutil.Binary(t, "k7d"), "--cleanup", "--state-dir", d.stateDir,
-			"--socket", d.socket, "--runsc", testutil.Runsc(t), "--agent", testutil.Binary(t, "k7-agent")).CombinedOutput(); err != nil {
+			"--socket", d.socket, "--engines", d.engines, "--runsc", testutil.Runsc(t),
+			"--agent", testutil.Binary(t, "k7-agent")).CombinedOutput(); err != nil {
 			t.Errorf("k7d --cleanup: %v\n%s", err, out)
 		}
 		os.RemoveAll(dir)
@@ -87,7 +94,7 @@ func (d *daemon) start() {
 	cmd := exec.Command(testutil.Binary(t, "k7d"),
 		"--state-dir", d.stateDir, "--socket", d.socket,
 		"--runsc", testutil.Runsc(t), "--agent", testutil.Binary(t, "k7-agent"),
-		"--log-level", "debug")
+		"--engines", d.engines, "--log-level", "debug")
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGTERM}
 	if err := cmd.Start(); err != nil {

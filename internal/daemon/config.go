@@ -38,8 +38,9 @@ type Config struct {
 	// DefaultEngine is used when a request names none. Default "gvisor",
 	// or the first of Engines when gvisor is not enabled.
 	DefaultEngine string
-	// Engines are the engines to enable, by name. Default ["gvisor"];
-	// "fake" only when asked.
+	// Engines are the engines to enable, by name. Default ["gvisor", "qemu"]
+	// (an engine the host cannot run is reported unavailable); "fake" only
+	// when asked.
 	Engines []string
 	// Runsc is the runsc binary. Default: $K7_RUNSC, else runsc next to
 	// the k7d executable, else bin/runsc of a source tree above it, else
@@ -76,7 +77,7 @@ func DefaultConfig() Config {
 		StateDir:          "/var/lib/k7",
 		Socket:            "/run/k7/k7.sock",
 		DefaultEngine:     "gvisor",
-		Engines:           []string{"gvisor"},
+		Engines:           []string{"gvisor", "qemu"},
 		Platform:          "systrap",
 		LogLevel:          "info",
 		ReconcileInterval: 2 * time.Second,

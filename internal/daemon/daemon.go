@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -225,6 +226,10 @@ func (d *Daemon) openEngines(given []engine.Engine) {
 
 func engineInfo(e engine.Engine, reason string) v1.EngineInfo {
 	in := v1.EngineInfo{Name: e.Name(), Available: true, Reason: reason}
+	if a, ok := e.(interface{ Accel() (name, reason string) }); ok {
+		name, why := a.Accel()
+		in.Reason = strings.TrimPrefix(fmt.Sprintf("%s; accel %s: %s", in.Reason, name, why), "; ")
+	}
 	if v, ok := e.(interface{ Version() string }); ok {
 		in.Version = v.Version()
 	}

@@ -58,7 +58,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "TLS certificate for --tcp")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "TLS key for --tcp")
 	fs.StringVar(&cfg.DefaultEngine, "default-engine", cfg.DefaultEngine, "engine of sandboxes whose request names none")
-	fs.StringVar(&engines, "engines", engines, "comma-separated engines to enable (gvisor, fake)")
+	fs.StringVar(&engines, "engines", engines, "comma-separated engines to enable (gvisor, qemu, fake)")
 	fs.StringVar(&cfg.Runsc, "runsc", "", "runsc binary (default $K7_RUNSC, next to k7d, <tree>/bin/runsc, or PATH)")
 	fs.StringVar(&cfg.Platform, "platform", cfg.Platform, "runsc platform")
 	fs.StringVar(&cfg.Agent, "agent", "", "k7-agent binary (default next to k7d, or PATH)")
