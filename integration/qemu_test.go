@@ -57,6 +57,12 @@ func TestQEMUEndToEnd(t *testing.T) {
 			}
 			return nil
 		})
+		// A restored VM wakes with its capture's clock; the agent steps it.
+		var guest int64
+		fmt.Sscan(d.execOut(c, "date", "+%s"), &guest)
+		if off := time.Now().Unix() - guest; off > 2 || off < -2 {
+			t.Errorf("child %s clock is off by %d s", c, off)
+		}
 		sb, err := d.client.GetSandbox(context.Background(), c)
 		if err != nil || sb.Stats == nil || sb.Stats.MemoryBytes <= 0 {
 			t.Fatalf("child %s stats: %+v %v", c, sb, err)

@@ -317,6 +317,9 @@ func (s *Server) hello(h proto.Hello) {
 }
 
 func (s *Server) configure(c proto.Configure) error {
+	if c.TimeUnixNano != 0 && !s.opts.NoInit {
+		s.syncClock(time.Unix(0, c.TimeUnixNano))
+	}
 	if c.Hostname == "" {
 		return nil
 	}
@@ -333,6 +336,22 @@ func (s *Server) configure(c proto.Configure) error {
 	}
 	s.log.Info("host name set", "hostname", c.Hostname)
 	return nil
+}
+
+// syncClock steps the clock to host when it is off by more than a second.
+// gVisor keeps the host's clock and refuses; a VM restored from a capture
+// needs it.
+func (s *Server) syncClock(host time.Time) {
+	off := time.Since(host)
+	if off < time.Second && off > -time.Second {
+		return
+	}
+	tv := unix.NsecToTimeval(host.UnixNano())
+	if err := unix.Settimeofday(&tv); err != nil {
+		s.log.Debug("clock not stepped", "off", off, "err", err)
+		return
+	}
+	s.log.Info("clock stepped to the host's", "was_off_by", off)
 }
 
 func (s *Server) cancel(ch uint32) {

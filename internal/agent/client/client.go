@@ -357,9 +357,12 @@ func decodeResult(f proto.Frame) error {
 	return resultError(r)
 }
 
-// Configure sets the sandbox's host name (after a fork each child gets its own).
+// Configure sets the sandbox's host name (after a fork each child gets its
+// own) and brings its clock to the host's (a restored VM wakes with the
+// clock of its capture).
 func (c *Client) Configure(ctx context.Context, hostname string) error {
-	if err := c.call(ctx, proto.JSON(proto.TConfigure, 0, proto.Configure{Hostname: hostname})); err != nil {
+	m := proto.Configure{Hostname: hostname, TimeUnixNano: time.Now().UnixNano()}
+	if err := c.call(ctx, proto.JSON(proto.TConfigure, 0, m)); err != nil {
 		return fmt.Errorf("configuring sandbox: %w", err)
 	}
 	return nil

@@ -90,6 +90,10 @@ type Result struct {
 // Configure sets sandbox-wide settings.
 type Configure struct {
 	Hostname string `json:"hostname,omitempty"`
+	// TimeUnixNano is the daemon's wall clock. A VM restored from a capture
+	// wakes with the capture's clock; the agent steps its clock when it is
+	// off by more than a second (where the kernel allows it).
+	TimeUnixNano int64 `json:"time_unix_nano,omitempty"`
 }
 
 // Exec starts a command.
