@@ -87,6 +87,8 @@ type Daemon struct {
 	mu  sync.Mutex
 	sbs map[string]*sandbox
 
+	spares spares
+
 	netMu   sync.Mutex
 	net     Networks        // nil until first use (networks)
 	netErr  error           // why networking is unavailable
@@ -132,6 +134,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Daemon, error) {
 		engines:  map[string]engine.Engine{},
 		newAgent: opts.NewAgent,
 		sbs:      map[string]*sandbox{},
+		spares:   spares{ready: map[string]*spare{}, filling: map[string]*spareFill{}},
 	}
 	d.ctx, d.cancel = context.WithCancel(context.WithoutCancel(ctx))
 	ok := false
@@ -252,10 +255,11 @@ func (d *Daemon) engine(name string) (engine.Engine, error) {
 	return nil, fmt.Errorf("engine %q is not enabled on this daemon: %w", name, errdefs.ErrInvalidArgument)
 }
 
-// Close stops the background work, closes every agent connection and the
-// store and releases the state dir. Sandboxes keep running. Close may be
-// called once.
+// Close stops the background work, deletes the spares (spare.go), closes
+// every agent connection and the store and releases the state dir.
+// Sandboxes keep running. Close may be called once.
 func (d *Daemon) Close() error {
+	d.closeSpares()
 	d.cancel()
 	d.wg.Wait()
 	d.mu.Lock()

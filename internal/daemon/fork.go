@@ -106,24 +106,49 @@ type childSpec struct {
 	// ports are the children's published ports; nil: net's ports on free
 	// host ports.
 	ports []v1.Port
+	// spare, if set, is taken by the first child when it matches, and
+	// discarded otherwise (spare.go).
+	spare *spare
+}
+
+// childRootfs resolves the image of a fork or restore child: by reference
+// first, then by the recorded image ID.
+func (d *Daemon) childRootfs(ctx context.Context, image, imageID string) (*v1.Image, string, error) {
+	img, rootfs, err := d.images.Rootfs(ctx, image)
+	if err != nil && imageID != "" {
+		img, rootfs, err = d.images.Rootfs(ctx, imageID)
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("resolving image %q: %w", image, err)
+	}
+	return img, rootfs, nil
 }
 
 // spawnChildren records and restores one child per name from spec.from in
 // parallel (at most GOMAXPROCS at once). It returns every child or, on any
 // failure, none: children already made are deleted.
 func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []string, start time.Time) ([]v1.ForkChild, error) {
+	sp := spec.spare
+	defer func() {
+		if sp != nil { // not taken by a recorded child
+			d.discardSpareLater(sp)
+		}
+	}()
 	plan, inner, err := d.childPlan(spec.engine, spec.net, spec.ports, len(names))
 	if err != nil {
 		return nil, err
 	}
-	rootfsRef := spec.image
-	img, rootfs, err := d.images.Rootfs(ctx, rootfsRef)
-	if err != nil && spec.imageID != "" {
-		img, rootfs, err = d.images.Rootfs(ctx, spec.imageID)
-	}
+	img, rootfs, err := d.childRootfs(ctx, spec.image, spec.imageID)
 	if err != nil {
-		return nil, fmt.Errorf("resolving image %q: %w", spec.image, err)
+		return nil, err
 	}
+	if sp != nil && !sp.matches(spec.engine.Name(), rootfs, spec.resources, plan, inner) {
+		d.sbLog(sp.id).Info("spare does not match the fork; discarding it", "parent", sp.parent)
+		d.discardSpareLater(sp)
+		sp = nil
+	}
+	// spareChild is the child that takes sp, if any: the first.
+	var spareChild *spare
 	// Record every child first: a name conflict fails before any work.
 	recs := make([]*store.Sandbox, len(names))
 	sbs := make([]*sandbox, len(names))
@@ -143,8 +168,14 @@ func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []stri
 		}
 	}
 	for i, name := range names {
+		id := store.NewID()
+		var net *store.Network
+		if i == 0 && sp != nil {
+			id, net = sp.id, sp.net
+			spareChild, sp = sp, nil
+		}
 		rec := &store.Sandbox{
-			ID:        store.NewID(),
+			ID:        id,
 			Name:      name,
 			Image:     spec.image,
 			ImageID:   spec.imageID,
@@ -155,6 +186,7 @@ func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []stri
 			Resources: spec.resources,
 			Parent:    spec.parent,
 			Created:   time.Now().UTC(),
+			Network:   net,
 		}
 		sbs[i] = d.entry(rec.ID)
 		sbs[i].acquire(ctx) // fresh ID: never contended
@@ -162,6 +194,9 @@ func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []stri
 			sbs[i].release()
 			d.forget(rec.ID)
 			undo(i)
+			if spareChild != nil && i == 0 {
+				d.discardSpareLater(spareChild)
+			}
 			return nil, err
 		}
 		recs[i] = rec
@@ -189,7 +224,14 @@ func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []stri
 				From: spec.from,
 			}
 			var att *network.Attachment
-			if plan.policy != network.PolicyNone {
+			if i == 0 && spareChild != nil {
+				// The spare's network, with this child's host name.
+				a := *spareChild.att
+				a.Hosts = network.HostsFile(rec.Hostname, a.Inner.Addr())
+				att = &a
+				rreq.Netns = att.NetnsPath
+				d.sbLog(rec.ID).Debug("taking the spare made for the fork", "parent", spec.parent)
+			} else if plan.policy != network.PolicyNone {
 				if err := step(ctx, d.sbLog(rec.ID), "network", func(ctx context.Context) error {
 					var err error
 					att, rec.Network, err = d.setupNetwork(ctx, rec.ID, rec.Hostname, plan, inner)
@@ -312,12 +354,13 @@ func (d *Daemon) Fork(ctx context.Context, ref string, req *v1.ForkRequest) (*v1
 	children, err := d.spawnChildren(octx, childSpec{
 		engine: eng, forker: f, from: dir, parent: rec.ID,
 		image: rec.Image, imageID: rec.ImageID, env: rec.Env, resources: rec.Resources,
-		net: rec.Network, ports: req.Ports,
+		net: rec.Network, ports: req.Ports, spare: d.takeSpare(octx, rec.ID),
 	}, names, start)
 	d.metrics.ObserveOp("fork", rec.Engine, time.Since(start), err)
 	if err != nil {
 		return nil, fmt.Errorf("forking sandbox %s: %w", rec.ID, err)
 	}
+	d.refillSpare(rec)
 	d.sbLog(rec.ID).Info("sandbox forked", "children", len(children), "pause", cp.SourcePause, "took", time.Since(start))
 	return &v1.ForkResult{Source: rec.ID, SourcePauseNS: int64(cp.SourcePause), Children: children}, nil
 }

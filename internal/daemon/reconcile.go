@@ -209,6 +209,7 @@ func (d *Daemon) recover(ctx context.Context) {
 // then everything else under the state dir except the lock. The daemon
 // must be closed afterwards.
 func (d *Daemon) CleanupAll(ctx context.Context) error {
+	d.closeSpares()
 	var errs []error
 	for name, eng := range d.engines {
 		ids, err := eng.List(ctx)

@@ -379,6 +379,7 @@ func (d *Daemon) deleteLocked(sb *sandbox, rec *store.Sandbox, force bool) error
 	if err := d.store.DeleteSandbox(rec.ID, true); err != nil {
 		return err
 	}
+	d.dropSpares(rec.ID)
 	d.forget(rec.ID)
 	log.Info("sandbox deleted", "name", rec.Name)
 	return nil

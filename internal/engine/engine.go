@@ -170,3 +170,15 @@ type Forker interface {
 type Destroyer interface {
 	Destroy(ctx context.Context) error
 }
+
+// Precreator is implemented by Forkers that can do the first part of a
+// Restore ahead of time: Precreate prepares sandbox req.ID (its container,
+// in req.Netns, with req.Rootfs and req.Resources) without starting it, so
+// that a later Restore with the same ID and the same Rootfs, Resources and
+// Netns only loads the capture. A Restore whose request differs discards
+// the prepared sandbox and starts from scratch. Delete removes a prepared
+// sandbox that is never restored, and List reports it. Precreate leaves
+// nothing behind on error.
+type Precreator interface {
+	Precreate(ctx context.Context, req *CreateRequest) error
+}

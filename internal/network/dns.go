@@ -21,6 +21,11 @@ func resolvConf(p Policy, dns []netip.Addr) []byte {
 	return b.Bytes()
 }
 
+// HostsFile returns the /etc/hosts of a sandbox named hostname whose own
+// address is inner (127.0.1.1 when invalid), as Setup's Attachment.Hosts:
+// for a network set up under another host name.
+func HostsFile(hostname string, inner netip.Addr) []byte { return hostsFile(hostname, inner) }
+
 // hostsFile returns /etc/hosts content mapping hostname to the sandbox's own
 // address (127.0.1.1 without one).
 func hostsFile(hostname string, inner netip.Addr) []byte {

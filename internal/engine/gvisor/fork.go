@@ -74,7 +74,8 @@ func dirSize(dir string) (int64, error) {
 // the sandbox process), or taken from the pool of pre-created containers
 // for the same rootfs and resources (only without req.Netns: a child with a
 // network restores into its own namespace, which must hold the capture's
-// address); then "runsc restore --detach". The
+// address), or the one Precreate made for req.ID when its rootfs, resources
+// and namespace match; then "runsc restore --detach". The
 // source need not exist any more; req.Rootfs must be the source's image
 // rootfs. A capture of another engine version is refused with
 // errdefs.ErrFailedPrecondition. On error nothing is left behind.
@@ -100,20 +101,38 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) (err e
 			err = fmt.Errorf("restoring sandbox %q: %w", id, err)
 		}
 	}()
-	// A pool container's network namespace is fixed when it is created, and
-	// every child needs its own: children with a network skip the pool.
-	cid := ""
-	if req.Netns == "" {
+	// A container that Precreate made for this ID, if it matches; else a
+	// pool container. A pool container's network namespace is fixed when
+	// it is created, and every child needs its own: children with a
+	// network skip the pool.
+	cid, pre := "", false
+	if ent, ok := e.takePrecreated(id); ok {
+		switch {
+		case ent.key != (poolKey{rootfs: req.Rootfs, res: req.Resources}) || ent.netns != req.Netns:
+			log.Info("discarding a pre-created container that does not match the restore")
+			e.destroy(ctx, log, id, dir)
+		case !pidAlive(ent.pid):
+			log.Warn("discarding a dead pre-created container")
+			e.destroy(ctx, log, id, dir)
+		default:
+			cid, pre = id, true
+			cu.add(func(ctx context.Context) { e.destroy(ctx, log, id, dir) })
+			log.Debug("using the container pre-created for the sandbox")
+		}
+	}
+	if cid == "" && req.Netns == "" {
 		key := poolKey{rootfs: req.Rootfs, res: req.Resources}
 		defer e.refill(key)
 		if cid, err = e.claim(key, id); err != nil {
 			return err
 		}
 	}
-	if cid != "" {
+	switch {
+	case pre:
+	case cid != "":
 		cu.add(func(ctx context.Context) { e.destroy(ctx, log, cid, dir) })
 		log.Debug("using a pre-created container", "container", cid)
-	} else {
+	default:
 		cid = id
 		stdio, err := e.prepare(dir, &req.CreateRequest, &cu)
 		if err != nil {

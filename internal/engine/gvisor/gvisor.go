@@ -12,6 +12,9 @@
 //	                          names its runsc container when that is not <id>
 //	Root/pool/<cid>/          a pre-created container of the fork pool
 //
+// A sandbox made by Precreate (precreate.go) has its ordinary dir and
+// container ID; it only waits for its Restore.
+//
 // Sandboxes of daemons with different roots never see each other: runsc's
 // state and the cgroups ("/k7-<hash of Root>/<id>") are keyed by the root.
 //
@@ -133,6 +136,7 @@ type Engine struct {
 	cgParent  string // "/k7-<hash of root>"
 	version   string
 	pool      pool
+	pre       precreated
 }
 
 // New checks that runsc runs and returns the engine. It returns an error
@@ -182,6 +186,7 @@ func New(cfg Config) (*Engine, error) {
 		sbxRoot:   filepath.Join(root, "sandboxes"),
 		version:   runscVersion(out) + "+sha256." + sum[:12],
 		pool:      pool{free: map[poolKey][]poolEntry{}, filling: map[poolKey]int{}},
+		pre:       precreated{sbxs: map[string]precreatedEntry{}},
 	}
 	h := sha256.Sum256([]byte(root))
 	e.cgParent = "/k7-" + hex.EncodeToString(h[:])[:12]

@@ -457,6 +457,7 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 	}
 	start := time.Now()
 	log := e.log.With("sandbox", id)
+	e.takePrecreated(id)
 	if err := e.remove(ctx, e.cid(id), e.dir(id)); err != nil {
 		return fmt.Errorf("deleting sandbox %q: %w", id, err)
 	}

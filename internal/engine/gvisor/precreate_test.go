@@ -1,0 +1,146 @@
+package gvisor
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/k7-dev/k7/internal/agent/client"
+	"github.com/k7-dev/k7/internal/engine"
+	"github.com/k7-dev/k7/internal/engine/enginetest"
+)
+
+// testNetns makes a named network namespace with loopback up and returns
+// its path; the test removes it.
+func testNetns(t *testing.T) string {
+	t.Helper()
+	var b [4]byte
+	rand.Read(b[:])
+	name := "k7tpre" + hex.EncodeToString(b[:])
+	for _, args := range [][]string{{"netns", "add", name}, {"-n", name, "link", "set", "lo", "up"}} {
+		if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+			t.Skipf("ip %v: %v: %s", args, err, out)
+		}
+	}
+	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	return "/run/netns/" + name
+}
+
+func runscList(t *testing.T, e *Engine) []string {
+	t.Helper()
+	out, err := e.runsc(context.Background(), "", "list", "-quiet")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Fields(string(out))
+}
+
+// TestPrecreate: a Restore into a sandbox made by Precreate (in a network
+// namespace, which the fork pool cannot do) loads the capture into that
+// container; one that does not match is replaced; Delete removes one
+// never restored.
+func TestPrecreate(t *testing.T) {
+	e := newTestEngine(t)
+	rootfs := enginetest.BusyboxRootfs(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	res := engine.Resources{MemoryBytes: 256 << 20}
+	parent := enginetest.NewID()
+	if err := e.Create(ctx, &engine.CreateRequest{ID: parent, Rootfs: rootfs, Resources: res, Netns: testNetns(t)}); err != nil {
+		t.Fatalf("Create: %v", err)
+	}
+	t.Cleanup(func() { e.Delete(context.Background(), parent) })
+	connect := func(id string) *client.Client {
+		t.Helper()
+		rw, err := e.Connect(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := client.New(rw)
+		t.Cleanup(func() { c.Close() })
+		if _, err := c.Handshake(ctx); err != nil {
+			t.Fatalf("Handshake: %v", err)
+		}
+		return c
+	}
+	execOut(t, ctx, connect(parent), "sh", "-c", "echo parent > /tmp/m")
+	capture := filepath.Join(t.TempDir(), "capture")
+	if _, err := e.Checkpoint(ctx, &engine.CheckpointRequest{ID: parent, Dir: capture}); err != nil {
+		t.Fatal(err)
+	}
+
+	tests := []struct {
+		name    string
+		restore engine.Resources // the Restore's; the Precreate's are res
+		reused  bool
+	}{
+		{"matching", res, true},
+		{"other resources", engine.Resources{MemoryBytes: 128 << 20}, false},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			child, ns := enginetest.NewID(), testNetns(t)
+			req := engine.CreateRequest{ID: child, Rootfs: rootfs, Resources: res, Netns: ns}
+			if err := e.Precreate(ctx, &req); err != nil {
+				t.Fatalf("Precreate: %v", err)
+			}
+			t.Cleanup(func() { e.Delete(context.Background(), child) })
+			st, err := e.state(ctx, child)
+			if err != nil || st.Status != "created" {
+				t.Fatalf("runsc state of the pre-created sandbox: %+v, %v", st, err)
+			}
+			if ids, _ := e.List(ctx); !slices.Contains(ids, child) {
+				t.Errorf("List: got %v, want the pre-created %s", ids, child)
+			}
+			req.Resources = tc.restore
+			if err := e.Restore(ctx, &engine.RestoreRequest{CreateRequest: req, From: capture}); err != nil {
+				t.Fatalf("Restore: %v", err)
+			}
+			after, err := e.state(ctx, child)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := after.PID == st.PID; got != tc.reused {
+				t.Errorf("restored into the pre-created process: got %v, want %v (pids %d, %d)", got, tc.reused, st.PID, after.PID)
+			}
+			if got := execOut(t, ctx, connect(child), "cat", "/tmp/m"); got != "parent\n" {
+				t.Errorf("child's /tmp/m: got %q", got)
+			}
+			if err := e.Delete(ctx, child); err != nil {
+				t.Fatal(err)
+			}
+			if slices.Contains(runscList(t, e), child) {
+				t.Errorf("runsc list still has %s", child)
+			}
+		})
+	}
+
+	t.Run("delete unrestored", func(t *testing.T) {
+		id := enginetest.NewID()
+		if err := e.Precreate(ctx, &engine.CreateRequest{ID: id, Rootfs: rootfs, Resources: res, Netns: testNetns(t)}); err != nil {
+			t.Fatalf("Precreate: %v", err)
+		}
+		if err := e.Delete(ctx, id); err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(runscList(t, e), id) {
+			t.Errorf("runsc list still has %s", id)
+		}
+		if _, err := os.Stat(e.dir(id)); !os.IsNotExist(err) {
+			t.Errorf("sandbox dir left: %v", err)
+		}
+		if d := cgroupDirs(e, id); len(d) > 0 {
+			t.Errorf("cgroups left: %v", d)
+		}
+		if _, ok := e.takePrecreated(id); ok {
+			t.Errorf("Delete kept the pre-created entry")
+		}
+	})
+}
