@@ -33,7 +33,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-run() { printf '\n$ %s\n' "$*"; "$@"; }
+run() {
+	printf '\n$'
+	printf ' %q' "$@"
+	printf '\n'
+	"$@"
+}
 
 "$K7" info
 run "$K7" create --name quickstart busybox
@@ -47,7 +52,7 @@ run "$K7" exec quickstart -- sh -c 'echo "written before the fork" > /tmp/marker
 run "$K7" exec -d quickstart -- sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/counter; sleep 0.1; done'
 sleep 1
 run "$K7" exec quickstart -- cat /tmp/counter
-printf '\n$ %s\n' "$K7 fork -n 2 quickstart"
+printf '\n$ %s\n' "$K7 fork -q -n 2 quickstart"
 mapfile -t children < <("$K7" fork -q -n 2 quickstart)
 ids+=("${children[@]}")
 printf '%s\n' "${children[@]}"
