@@ -312,6 +312,9 @@ func (d *Daemon) Fork(ctx context.Context, ref string, req *v1.ForkRequest) (*v1
 	if count < 0 || count > maxChildren {
 		return nil, fmt.Errorf("fork count %d: want 1 to %d: %w", req.Count, maxChildren, errdefs.ErrInvalidArgument)
 	}
+	if r, err := d.store.FindSandbox(ref); err == nil {
+		d.waitSpare(ctx, r.ID)
+	}
 	_, rec, unlock, err := d.lockSandbox(ctx, ref)
 	if err != nil {
 		return nil, err
@@ -354,7 +357,7 @@ func (d *Daemon) Fork(ctx context.Context, ref string, req *v1.ForkRequest) (*v1
 	children, err := d.spawnChildren(octx, childSpec{
 		engine: eng, forker: f, from: dir, parent: rec.ID,
 		image: rec.Image, imageID: rec.ImageID, env: rec.Env, resources: rec.Resources,
-		net: rec.Network, ports: req.Ports, spare: d.takeSpare(octx, rec.ID),
+		net: rec.Network, ports: req.Ports, spare: d.takeSpare(rec.ID),
 	}, names, start)
 	d.metrics.ObserveOp("fork", rec.Engine, time.Since(start), err)
 	if err != nil {

@@ -74,22 +74,29 @@ func (sp *spare) matches(eng string, rootfs string, res store.Resources, plan ne
 		sp.plan.policy == plan.policy && slices.Equal(sp.plan.allow, plan.allow) && slices.Equal(sp.plan.ports, plan.ports)
 }
 
-// takeSpare removes and returns parent's spare, or nil. A spare being made
-// is waited for (at most spareWait): its work, network setup and engine
-// pre-create, is what the fork would otherwise do itself, and is under way.
-func (d *Daemon) takeSpare(ctx context.Context, parent string) *spare {
+// waitSpare waits (at most spareWait) for parent's spare if it is being
+// made: its work, network setup and engine pre-create, is what the fork
+// would otherwise do itself, and is under way. A fork waits before it
+// captures the parent, without its lock, so that the parent's pause does
+// not share the CPUs with the spare's "runsc create".
+func (d *Daemon) waitSpare(ctx context.Context, parent string) {
 	d.spares.mu.Lock()
 	fill := d.spares.filling[parent]
 	d.spares.mu.Unlock()
-	if fill != nil {
-		t := time.NewTimer(spareWait)
-		select {
-		case <-fill.done:
-		case <-t.C:
-		case <-ctx.Done():
-		}
-		t.Stop()
+	if fill == nil {
+		return
 	}
+	t := time.NewTimer(spareWait)
+	defer t.Stop()
+	select {
+	case <-fill.done:
+	case <-t.C:
+	case <-ctx.Done():
+	}
+}
+
+// takeSpare removes and returns parent's spare, or nil.
+func (d *Daemon) takeSpare(parent string) *spare {
 	d.spares.mu.Lock()
 	defer d.spares.mu.Unlock()
 	sp := d.spares.ready[parent]
