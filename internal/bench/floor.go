@@ -34,10 +34,19 @@ func (f *floor) close() {
 func (f *floor) cmd(ctx context.Context, args ...string) error {
 	full := append([]string{"--root", filepath.Join(f.dir, "runsc-root"), "--platform", "systrap",
 		"--network", "none", "--overlay2", "root:self"}, args...)
-	c := exec.CommandContext(ctx, f.runsc, full...)
-	out, err := c.CombinedOutput()
+	// Output goes to a file, not a pipe: "run --detach" hands its stdio to
+	// the sandbox, which would hold a pipe open for as long as it lives.
+	out, err := os.CreateTemp(f.dir, "runsc-out-")
 	if err != nil {
-		return fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(out)))
+		return err
+	}
+	defer os.Remove(out.Name())
+	defer out.Close()
+	c := exec.CommandContext(ctx, f.runsc, full...)
+	c.Stdout, c.Stderr = out, out
+	if err := c.Run(); err != nil {
+		b, _ := os.ReadFile(out.Name())
+		return fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(string(b)))
 	}
 	return nil
 }
