@@ -114,7 +114,7 @@ func (f *floor) round(ctx context.Context, rep int, record recordFunc) (err erro
 			}
 		}
 		os.RemoveAll(filepath.Join(f.dir, "bundles"))
-		os.RemoveAll(filepath.Join(f.dir, "images"))
+		os.RemoveAll(filepath.Join(f.dir, "captures"))
 	}()
 	var id string
 	d, err := timed(func() error {
@@ -145,7 +145,7 @@ func (f *floor) round(ctx context.Context, rep int, record recordFunc) (err erro
 	}
 
 	capture := func(src string) (string, time.Duration, error) {
-		image := filepath.Join(f.dir, "images", fmt.Sprintf("%d-%d", rep, f.seq))
+		image := filepath.Join(f.dir, "captures", fmt.Sprintf("%d-%d", rep, f.seq))
 		f.seq++
 		d, err := timed(func() error {
 			return f.cmd(ctx, "checkpoint", "--leave-running", "--image-path", image, src)
