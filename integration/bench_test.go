@@ -12,14 +12,15 @@ import (
 	"github.com/k7-dev/k7/internal/testutil"
 )
 
-// TestBenchLifecycleSmoke runs `k7 bench lifecycle` for one round: every
+// TestBenchLifecycleSmoke runs `k7 bench lifecycle` for two rounds (one
+// warm-up, so that state carried between rounds is exercised): every
 // operation must be measured through k7 and on the raw runsc floor, the JSON
 // and Markdown written, and rendering the JSON twice must give the same
 // bytes. (The figures themselves are PERFORMANCE.md's business.)
 func TestBenchLifecycleSmoke(t *testing.T) {
 	d := startDaemon(t)
 	out := t.TempDir()
-	r := d.k7(nil, "bench", "lifecycle", "--reps", "1", "--warmup", "0", "--out", out, "--runsc", testutil.Runsc(t))
+	r := d.k7(nil, "bench", "lifecycle", "--reps", "1", "--warmup", "1", "--out", out, "--runsc", testutil.Runsc(t))
 	if r.code != 0 {
 		t.Fatalf("k7 bench lifecycle: exit %d\n%s\n%s", r.code, r.stdout, r.stderr)
 	}
