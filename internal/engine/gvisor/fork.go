@@ -133,18 +133,23 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) (err e
 		cu.add(func(ctx context.Context) { e.destroy(ctx, log, cid, dir) })
 		log.Debug("using a pre-created container", "container", cid)
 	default:
-		cid = id
+		// No container made in advance: one "runsc restore" creates and
+		// restores it (one runsc process instead of two), and the new init
+		// takes that command's stdio, the sandbox's FIFOs.
 		stdio, err := e.prepare(dir, &req.CreateRequest, &cu)
 		if err != nil {
 			return err
 		}
 		defer stdio.close()
-		if err := step(log, "runsc create", func() error {
-			cu.add(func(ctx context.Context) { e.destroy(ctx, log, id, dir) })
-			return e.runscStdio(ctx, dir, stdio, "create", "--bundle", dir, id)
+		cu.add(func(ctx context.Context) { e.destroy(ctx, log, id, dir) })
+		if err := step(log, "runsc restore (create)", func() error {
+			return e.runscStdio(ctx, dir, stdio, "restore", "--detach", "--image-path", req.From, "--bundle", dir, id)
 		}); err != nil {
 			return err
 		}
+		cu.release()
+		log.Info("sandbox restored", "from", req.From, "container", id, "took", time.Since(start))
+		return nil
 	}
 	if err := step(log, "runsc restore", func() error {
 		_, err := e.runsc(ctx, dir, "restore", "--detach", "--image-path", req.From, "--bundle", dir, cid)
