@@ -144,3 +144,38 @@ func TestPrecreate(t *testing.T) {
 		}
 	})
 }
+
+// TestPrecreateCancelled cancels Precreate at several points of its "runsc
+// create" (the daemon cancels a spare being made when its parent goes):
+// whenever the cancel lands, no process, cgroup or dir of the sandbox may
+// be left.
+func TestPrecreateCancelled(t *testing.T) {
+	e := newTestEngine(t)
+	rootfs := enginetest.BusyboxRootfs(t)
+	for _, after := range []time.Duration{20 * time.Millisecond, 80 * time.Millisecond, 150 * time.Millisecond, 300 * time.Millisecond} {
+		id := enginetest.NewID()
+		ctx, cancel := context.WithTimeout(context.Background(), after)
+		err := e.Precreate(ctx, &engine.CreateRequest{ID: id, Rootfs: rootfs, Resources: engine.Resources{PIDs: 64}})
+		cancel()
+		if err == nil {
+			// It finished in time: deleting it must leave nothing either.
+			if err := e.Delete(context.Background(), id); err != nil {
+				t.Fatal(err)
+			}
+		}
+		procs := filepath.Join("/sys/fs/cgroup/pids", e.cgroupsPath(id), "cgroup.procs")
+		if b, err := os.ReadFile(procs); err == nil && len(strings.TrimSpace(string(b))) > 0 {
+			t.Errorf("cancelled after %v: processes left in the sandbox's cgroup: %s", after, b)
+		}
+		if _, err := os.Stat(filepath.Join("/sys/fs/cgroup/pids", e.cgroupsPath(id))); err == nil {
+			t.Errorf("cancelled after %v: cgroup left", after)
+		}
+		ids, err := e.List(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.Contains(ids, id) {
+			t.Errorf("cancelled after %v: engine still lists %s", after, id)
+		}
+	}
+}

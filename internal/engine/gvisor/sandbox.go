@@ -197,8 +197,36 @@ func (e *Engine) remove(ctx context.Context, cid, dir string) error {
 	} else if !isNotExist(err) {
 		return err
 	}
+	e.killCgroup(ctx, cid)
 	e.removeCgroups(cid)
 	return os.RemoveAll(dir)
+}
+
+// killCgroup kills every process still in the sandbox's cgroup and waits
+// for them to go. runsc delete leaves none; a "runsc create" killed half
+// way (its state file not yet written), or a sandbox whose processes were
+// killed one by one, can leave a gofer or sandbox process that no runsc
+// command knows about. The cgroup is unique to this engine root and ID, so
+// whatever is in it is this sandbox's.
+func (e *Engine) killCgroup(ctx context.Context, id string) {
+	procs := filepath.Join("/sys/fs/cgroup", "pids", e.cgroupsPath(id), "cgroup.procs")
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		b, err := os.ReadFile(procs)
+		if err != nil || len(strings.TrimSpace(string(b))) == 0 {
+			return
+		}
+		for _, f := range strings.Fields(string(b)) {
+			if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+				syscall.Kill(pid, syscall.SIGKILL)
+			}
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			e.log.Warn("processes left in the sandbox's cgroup", "sandbox", id, "pids", strings.Fields(string(b)))
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // cgroupControllers are the v1 hierarchies runsc puts a sandbox in.
