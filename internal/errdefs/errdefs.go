@@ -9,6 +9,8 @@ package errdefs
 import (
 	"errors"
 	"net/http"
+
+	v1 "github.com/k7-dev/k7/api/v1"
 )
 
 // The error classes. Each has a stable wire code (see Code).
@@ -28,25 +30,25 @@ var classes = []struct {
 	code   string
 	status int
 }{
-	{ErrNotFound, "not_found", http.StatusNotFound},
-	{ErrAlreadyExists, "already_exists", http.StatusConflict},
-	{ErrInvalidArgument, "invalid_argument", http.StatusBadRequest},
-	{ErrFailedPrecondition, "failed_precondition", http.StatusPreconditionFailed},
-	{ErrConflict, "conflict", http.StatusConflict},
-	{ErrUnavailable, "unavailable", http.StatusServiceUnavailable},
-	{ErrResourceExhausted, "resource_exhausted", http.StatusInsufficientStorage},
-	{ErrUnauthorized, "unauthorized", http.StatusUnauthorized},
+	{ErrNotFound, v1.CodeNotFound, http.StatusNotFound},
+	{ErrAlreadyExists, v1.CodeAlreadyExists, http.StatusConflict},
+	{ErrInvalidArgument, v1.CodeInvalidArgument, http.StatusBadRequest},
+	{ErrFailedPrecondition, v1.CodeFailedPrecondition, http.StatusPreconditionFailed},
+	{ErrConflict, v1.CodeConflict, http.StatusConflict},
+	{ErrUnavailable, v1.CodeUnavailable, http.StatusServiceUnavailable},
+	{ErrResourceExhausted, v1.CodeResourceExhausted, http.StatusInsufficientStorage},
+	{ErrUnauthorized, v1.CodeUnauthorized, http.StatusUnauthorized},
 }
 
-// Code returns the wire code and HTTP status for err; unknown errors are
-// "internal" with status 500.
+// Code returns the wire code (api/v1's Code* constants) and HTTP status
+// for err; unknown errors are "internal" with status 500.
 func Code(err error) (code string, status int) {
 	for _, c := range classes {
 		if errors.Is(err, c.err) {
 			return c.code, c.status
 		}
 	}
-	return "internal", http.StatusInternalServerError
+	return v1.CodeInternal, http.StatusInternalServerError
 }
 
 // FromCode returns the sentinel for a wire code, or nil for an unknown code.
