@@ -124,7 +124,8 @@ func newRootCmd(s Streams) *cobra.Command {
 		Use:   "k7",
 		Short: "Run and manage isolated, forkable sandboxes",
 		Long: `k7 manages the sandboxes of a k7d node daemon: create them from images,
-run commands in them, pause, resume, copy files, and manage images.
+run commands in them, pause and resume them, fork them with their live memory,
+snapshot and restore them, copy files, and manage images.
 
 The daemon is reached at --host, $K7_HOST, or unix:///run/k7/k7.sock; for an
 http(s):// host the bearer token is read from $K7_TOKEN.`,
@@ -132,6 +133,7 @@ http(s):// host the bearer token is read from $K7_TOKEN.`,
   id=$(k7 create -q docker.io/library/alpine:3)
   k7 exec $id -- echo hello
   k7 exec -it $id -- sh
+  k7 fork -n 3 $id
   k7 rm -f $id`,
 		SilenceUsage:      true,
 		SilenceErrors:     true,
