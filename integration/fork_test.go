@@ -151,7 +151,7 @@ func TestCorruptSnapshotRefused(t *testing.T) {
 	// Flip bytes in the largest file of the capture.
 	var biggest string
 	var size int64
-	filepath.WalkDir(d.stateDir, func(p string, e os.DirEntry, err error) error {
+	_ = filepath.WalkDir(d.stateDir, func(p string, e os.DirEntry, err error) error {
 		if err != nil || e.IsDir() || !strings.Contains(p, "broken") || strings.HasSuffix(p, ".json") {
 			return nil
 		}
@@ -167,7 +167,7 @@ func TestCorruptSnapshotRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f.WriteAt([]byte("corrupt!"), size/2)
+	_, _ = f.WriteAt([]byte("corrupt!"), size/2)
 	f.Close()
 	r := d.k7(nil, "restore", "broken")
 	if r.code == 0 || !strings.Contains(r.stderr, "broken") {

@@ -240,7 +240,7 @@ func checkNothingLeft(t *testing.T, d *daemon, id string) {
 // (runsc keeps a <id>.state file per container in its root).
 func runscRoots(t *testing.T, d *daemon) []string {
 	var roots []string
-	filepath.WalkDir(d.stateDir, func(p string, e os.DirEntry, err error) error {
+	_ = filepath.WalkDir(d.stateDir, func(p string, e os.DirEntry, err error) error {
 		if err == nil && e.IsDir() && strings.HasSuffix(p, "runsc") {
 			roots = append(roots, p)
 		}

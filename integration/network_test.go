@@ -274,12 +274,12 @@ func newTestNetns(t *testing.T, hostAddr string, addrs ...string) *testNetns {
 	}
 	t.Cleanup(func() {
 		if l, err := netlink.LinkByName(tn.hostIf); err == nil {
-			netlink.LinkDel(l)
+			_ = netlink.LinkDel(l)
 		}
-		netns.DeleteNamed(tn.name)
+		_ = netns.DeleteNamed(tn.name)
 	})
 	lo, _ := netlink.LinkByName("lo")
-	netlink.LinkSetUp(lo)
+	_ = netlink.LinkSetUp(lo)
 	back()
 	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: tn.hostIf}, PeerName: "eth0", PeerNamespace: netlink.NsFd(ns)}
 	if err := netlink.LinkAdd(veth); err != nil {
@@ -290,7 +290,7 @@ func newTestNetns(t *testing.T, hostAddr string, addrs ...string) *testNetns {
 	if err := netlink.AddrAdd(hl, ha); err != nil {
 		t.Fatal(err)
 	}
-	netlink.LinkSetUp(hl)
+	_ = netlink.LinkSetUp(hl)
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
 		t.Fatal(err)
@@ -306,7 +306,7 @@ func newTestNetns(t *testing.T, hostAddr string, addrs ...string) *testNetns {
 			t.Fatal(err)
 		}
 	}
-	h.LinkSetUp(e)
+	_ = h.LinkSetUp(e)
 	gw := net.ParseIP(strings.Split(hostAddr, "/")[0])
 	if err := h.RouteAdd(&netlink.Route{LinkIndex: e.Attrs().Index, Gw: gw}); err != nil {
 		t.Fatal(err)
@@ -321,8 +321,8 @@ func newTestNetns(t *testing.T, hostAddr string, addrs ...string) *testNetns {
 		t.Fatal(err)
 	}
 	tn.port = l.Addr().(*net.TCPAddr).Port
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })}
-	go srv.Serve(l)
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })}
+	go func() { _ = srv.Serve(l) }()
 	t.Cleanup(func() { srv.Close() })
 	return tn
 }

@@ -59,7 +59,7 @@ func TestQEMUEndToEnd(t *testing.T) {
 		})
 		// A restored VM wakes with its capture's clock; the agent steps it.
 		var guest int64
-		fmt.Sscan(d.execOut(c, "date", "+%s"), &guest)
+		_, _ = fmt.Sscan(d.execOut(c, "date", "+%s"), &guest)
 		if off := time.Now().Unix() - guest; off > 2 || off < -2 {
 			t.Errorf("child %s clock is off by %d s", c, off)
 		}

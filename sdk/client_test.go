@@ -374,7 +374,7 @@ func TestImages(t *testing.T) {
 
 func TestProgressStreamCut(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.WriteString(w, `{"status":"downloading"}`+"\n")
+		_, _ = io.WriteString(w, `{"status":"downloading"}`+"\n")
 	}))
 	defer srv.Close()
 	c, _ := sdk.New(srv.URL)

@@ -55,11 +55,11 @@ func inProcess(t *testing.T) *harness {
 	a2cR, a2cW := io.Pipe()
 	var console syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
-	go agent.Serve(ctx, c2aR, a2cW, agent.Options{NoInit: true, Console: &console})
+	go func() { _ = agent.Serve(ctx, c2aR, a2cW, agent.Options{NoInit: true, Console: &console}) }()
 	t.Cleanup(func() {
 		cancel()
-		c2aR.Close()
-		a2cW.Close()
+		_ = c2aR.Close()
+		_ = a2cW.Close()
 	})
 	used := false
 	return &harness{
@@ -68,8 +68,8 @@ func inProcess(t *testing.T) *harness {
 				t.Fatal("io.Pipe harness supports one client")
 			}
 			used = true
-			c := client.New(rwc{a2cR, c2aW, func() error { c2aW.Close(); return a2cR.Close() }})
-			t.Cleanup(func() { c.Close() })
+			c := client.New(rwc{a2cR, c2aW, func() error { _ = c2aW.Close(); return a2cR.Close() }})
+			t.Cleanup(func() { _ = c.Close() })
 			return c
 		},
 		console: console.String,
@@ -105,14 +105,14 @@ func dup(t *testing.T, f *os.File) *os.File {
 	if err != nil {
 		t.Fatal(err)
 	}
-	syscall.SetNonblock(fd, true)
+	_ = syscall.SetNonblock(fd, true)
 	return os.NewFile(uintptr(fd), f.Name())
 }
 
 func (f *fifo) connect(t *testing.T) *client.Client {
 	r, w := dup(t, f.clientR), dup(t, f.clientW)
 	c := client.New(rwc{r, w, func() error { w.Close(); return r.Close() }})
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { _ = c.Close() })
 	return c
 }
 
@@ -121,12 +121,12 @@ func inProcessFIFO(t *testing.T) *harness {
 	f := newFIFO(t)
 	var console syncBuffer
 	ctx, cancel := context.WithCancel(context.Background())
-	go agent.Serve(ctx, f.agentR, f.agentW, agent.Options{NoInit: true, Console: &console})
+	go func() { _ = agent.Serve(ctx, f.agentR, f.agentW, agent.Options{NoInit: true, Console: &console}) }()
 	t.Cleanup(cancel)
 	return &harness{
 		connect:      f.connect,
-		injectAgent:  func(b []byte) { f.clientW.Write(b) },
-		injectClient: func(b []byte) { f.agentW.Write(b) },
+		injectAgent:  func(b []byte) { _, _ = f.clientW.Write(b) },
+		injectClient: func(b []byte) { _, _ = f.agentW.Write(b) },
 		console:      console.String,
 	}
 }
@@ -151,15 +151,15 @@ func subprocess(t *testing.T) *harness {
 	}
 	t.Cleanup(func() {
 		cmd.Process.Kill()
-		cmd.Wait()
+		_ = cmd.Wait()
 		if t.Failed() {
 			t.Logf("agent log:\n%s", console.String())
 		}
 	})
 	return &harness{
 		connect:      f.connect,
-		injectAgent:  func(b []byte) { f.clientW.Write(b) },
-		injectClient: func(b []byte) { f.agentW.Write(b) },
+		injectAgent:  func(b []byte) { _, _ = f.clientW.Write(b) },
+		injectClient: func(b []byte) { _, _ = f.agentW.Write(b) },
 		console:      console.String,
 	}
 }
@@ -337,7 +337,7 @@ func TestTTY(t *testing.T) {
 			if err := p.Resize(ctx, 40, 120); err != nil {
 				t.Fatal(err)
 			}
-			pw.Write([]byte("go\n"))
+			_, _ = pw.Write([]byte("go\n"))
 			st, err := p.Wait(ctx)
 			if err != nil || st.Code != 0 {
 				t.Fatalf("Wait = %+v, %v", st, err)
@@ -377,7 +377,7 @@ func TestSignalAndStdinClose(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			p.CloseStdin()
+			_ = p.CloseStdin()
 			if st, err := p.Wait(ctx); err != nil || st.Code != 0 {
 				t.Errorf("cat after CloseStdin: %+v, %v", st, err)
 			}
@@ -575,7 +575,7 @@ func TestResyncAndReconnect(t *testing.T) {
 			}
 			time.Sleep(50 * time.Millisecond) // let chatter pile up in the transport
 			h.injectAgent(partial[:100])
-			c1.Close()
+			_ = c1.Close()
 			select {
 			case <-c1.Done():
 			case <-time.After(5 * time.Second):
@@ -623,7 +623,7 @@ func TestFreezeThaw(t *testing.T) {
 	srv := agent.NewServer(agent.Options{NoInit: true, Console: io.Discard})
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
-	go srv.Serve(ctx, f.agentR, f.agentW)
+	go func() { _ = srv.Serve(ctx, f.agentR, f.agentW) }()
 	c := handshake(t, &harness{connect: f.connect})
 	var out syncBuffer
 	p, err := c.Exec(ctxT(t, 10*time.Second), &client.ExecRequest{Args: []string{"sh", "-c", "while :; do echo t; sleep 0.01; done"}}, client.Stdio{Stdout: &out})
@@ -644,7 +644,7 @@ func TestFreezeThaw(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, func() bool { return len(out.String()) > len(before) })
-	p.Signal(context.Background(), int(syscall.SIGKILL))
+	_ = p.Signal(context.Background(), int(syscall.SIGKILL))
 	if st, _ := p.Wait(ctxT(t, 5*time.Second)); st.Code != 137 {
 		t.Errorf("status after kill = %+v", st)
 	}
@@ -683,9 +683,9 @@ func TestTransportFlag(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The test keeps the slave open: a master reads EIO while no slave is.
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait(); slave.Close() })
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait(); _ = slave.Close() })
 	c := client.New(master)
-	defer c.Close()
+	defer func() { _ = c.Close() }()
 	if _, err := c.Handshake(ctxT(t, 10*time.Second)); err != nil {
 		t.Fatalf("Handshake over %s: %v\n%s", slave.Name(), err, console.String())
 	}
@@ -712,9 +712,9 @@ func TestNoFDLeak(t *testing.T) {
 			{Args: []string{"true"}},
 			{Args: []string{"nosuch"}},
 		} {
-			run(t, c, &req, strings.NewReader("x"))
+			_, _ = run(t, c, &req, strings.NewReader("x"))
 		}
-		run(t, c, &client.ExecRequest{Args: []string{"true"}, Stdin: true}, nil) // stdin never closed
+		_, _ = run(t, c, &client.ExecRequest{Args: []string{"true"}, Stdin: true}, nil) // stdin never closed
 	}
 	runAll() // warm up lazily opened descriptors
 	before := fds()

@@ -306,7 +306,7 @@ func (se *session) console(st *stream) {
 			if b[len(b)-1] != '\n' {
 				b = append(b, '\n')
 			}
-			se.s.console.Write(b)
+			_, _ = se.s.console.Write(b)
 		}
 		if err != nil && err != bufio.ErrBufferFull {
 			st.mu.Lock()
@@ -337,7 +337,7 @@ func (se *session) feed() {
 		}
 		if b == nil { // EOF
 			if se.tty != nil {
-				se.stdin.Write([]byte{4}) // ^D: the terminal's end of file
+				_, _ = se.stdin.Write([]byte{4}) // ^D: the terminal's end of file
 			} else {
 				se.stdin.Close()
 			}
@@ -467,7 +467,7 @@ wait:
 	se.s.mu.Unlock()
 	se.stdinQ.Close()
 	if se.detach {
-		se.s.console.Write([]byte(fmt.Sprintf("[pid %d] exited with code %d\n", se.pid, code)))
+		_, _ = se.s.console.Write([]byte(fmt.Sprintf("[pid %d] exited with code %d\n", se.pid, code)))
 	} else if epoch != 0 {
 		se.s.send(epoch, proto.JSON(proto.TExit, se.ch, proto.Exit{Code: code, TimedOut: se.timedOut.Load()}))
 	}

@@ -78,4 +78,4 @@ func unescapeMount(s string) string {
 	return strings.NewReplacer(`\040`, " ", `\011`, "\t", `\012`, "\n", `\134`, `\`).Replace(s)
 }
 
-func sleep() { unix.Nanosleep(&unix.Timespec{Nsec: 100e6}, nil) }
+func sleep() { _ = unix.Nanosleep(&unix.Timespec{Nsec: 100e6}, nil) }

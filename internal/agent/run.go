@@ -72,7 +72,7 @@ func Run(args []string) int {
 		}
 	}()
 	log.Info("k7-agent serving", "transport", transportName(*transport))
-	srv.Serve(context.Background(), r, w)
+	_ = srv.Serve(context.Background(), r, w)
 	return 0
 }
 

@@ -64,7 +64,7 @@ func TestRenderSVG(t *testing.T) {
 		t.Errorf("SVG has %d points, want 3 (one per size)", n)
 	}
 	var again bytes.Buffer
-	RenderSVG(&again, scalingReport())
+	_ = RenderSVG(&again, scalingReport())
 	if again.String() != b.String() {
 		t.Errorf("SVG rendering is not deterministic")
 	}

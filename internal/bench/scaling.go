@@ -59,7 +59,7 @@ func Scaling(ctx context.Context, cfg ScalingConfig) (*Report, error) {
 		var made []string
 		cleanup := func() {
 			for _, id := range made {
-				c.DeleteSandbox(context.WithoutCancel(ctx), id, true)
+				_, _ = c.DeleteSandbox(context.WithoutCancel(ctx), id, true)
 			}
 			made = nil
 		}
@@ -107,7 +107,7 @@ func Scaling(ctx context.Context, cfg ScalingConfig) (*Report, error) {
 					p.ChildMemoryBytes = st.Stats.MemoryBytes
 				}
 				r.Points = append(r.Points, p)
-				c.DeleteSandbox(ctx, child, true)
+				_, _ = c.DeleteSandbox(ctx, child, true)
 			}
 			cleanup()
 		}
@@ -139,7 +139,7 @@ func Scaling(ctx context.Context, cfg ScalingConfig) (*Report, error) {
 				}
 				r.Points = append(r.Points, Point{Engine: engine, Op: "fork", Running: n, Rep: rep, NS: int64(d)})
 				for _, id := range made[bg:] {
-					c.DeleteSandbox(ctx, id, true)
+					_, _ = c.DeleteSandbox(ctx, id, true)
 				}
 				made = made[:bg]
 			}

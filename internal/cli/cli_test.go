@@ -223,8 +223,8 @@ func TestImages(t *testing.T) {
 	}
 	// import a directory as an OCI layout, streamed as tar
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644)
-	os.WriteFile(filepath.Join(dir, "index.json"), []byte(`{}`), 0o644)
+	_ = os.WriteFile(filepath.Join(dir, "oci-layout"), []byte(`{"imageLayoutVersion":"1.0.0"}`), 0o644)
+	_ = os.WriteFile(filepath.Join(dir, "index.json"), []byte(`{}`), 0o644)
 	if out := mustK7(t, host, "image", "import", "--name", "mine:1", dir); !strings.HasPrefix(out, "sha256:c") {
 		t.Errorf("import printed %q", out)
 	}

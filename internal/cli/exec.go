@@ -108,14 +108,14 @@ func runExec(ctx context.Context, g *globals, c *sdk.Client, id string, req v1.E
 			if err != nil {
 				return fmt.Errorf("putting the terminal in raw mode: %w", err)
 			}
-			defer term.Restore(inFd, old)
+			defer func() { _ = term.Restore(inFd, old) }()
 		}
 	}
 	s, err := c.StartExec(ctx, id, req, stdio)
 	if err != nil {
 		return execError(err)
 	}
-	defer s.Close()
+	defer func() { _ = s.Close() }()
 
 	sigs := make(chan os.Signal, 4)
 	fwd := []os.Signal{syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP}

@@ -37,7 +37,7 @@ archive without a temporary file. The image ID goes to stdout.`,
 					}
 					pr, pw := io.Pipe()
 					go func() { pw.CloseWithError(tarDir(pw, p)) }()
-					defer pr.Close()
+					defer func() { _ = pr.Close() }()
 					r = pr
 				} else {
 					f, err := os.Open(p)

@@ -140,7 +140,7 @@ func New(ctx context.Context, cfg Config, opts Options) (*Daemon, error) {
 	ok := false
 	defer func() {
 		if !ok {
-			d.Close()
+			_ = d.Close()
 		}
 	}()
 	if d.newAgent == nil {
@@ -194,7 +194,7 @@ func lockStateDir(dir string) (*os.File, error) {
 		}
 		return nil, fmt.Errorf("locking %s: %w", p, err)
 	}
-	f.Truncate(0)
+	_ = f.Truncate(0)
 	fmt.Fprintf(f, "%d\n", os.Getpid())
 	return f, nil
 }
@@ -275,7 +275,7 @@ func (d *Daemon) Close() error {
 		c.Close()
 	}
 	if n := d.openedNetworks(); n != nil {
-		n.Close() // stops the published-port proxies; namespaces stay
+		_ = n.Close() // stops the published-port proxies; namespaces stay
 	}
 	for _, e := range d.engines {
 		if c, ok := e.(io.Closer); ok {
@@ -375,7 +375,7 @@ func (sb *sandbox) setAgent(a Agent) {
 	sb.agent = a
 	sb.mu.Unlock()
 	if old != nil && old != a {
-		old.Close()
+		_ = old.Close()
 	}
 }
 

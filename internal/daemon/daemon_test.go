@@ -332,7 +332,7 @@ func TestBadRequests(t *testing.T) {
 	}
 	req, _ := http.NewRequest("GET", "http://k7d/v1/sandboxes/nosuchthing", nil)
 	resp, _ := h.hc.Do(req)
-	json.NewDecoder(resp.Body).Decode(&e)
+	_ = json.NewDecoder(resp.Body).Decode(&e)
 	resp.Body.Close()
 	if e.LatencyNS <= 0 {
 		t.Errorf("error body latency_ns = %d, want > 0", e.LatencyNS)
@@ -403,7 +403,7 @@ func TestRestart(t *testing.T) {
 		t.Fatalf("graceful shutdown deleted the sandbox")
 	}
 	eng.lose(lost.ID)
-	eng.Create(context.Background(), &engine.CreateRequest{ID: "00000000000000aa"}) // an orphan
+	_ = eng.Create(context.Background(), &engine.CreateRequest{ID: "00000000000000aa"}) // an orphan
 
 	h2 := startDaemon(t, cfg, eng)
 	got, code := h2.get("keep")
@@ -535,7 +535,7 @@ func TestTokenAuth(t *testing.T) {
 			t.Fatal(err)
 		}
 		var e v1.Error
-		json.NewDecoder(resp.Body).Decode(&e)
+		_ = json.NewDecoder(resp.Body).Decode(&e)
 		resp.Body.Close()
 		if resp.StatusCode != tt.want || (tt.want == 401 && e.Code != v1.CodeUnauthorized) {
 			t.Errorf("auth %q = %d %+v, want %d", tt.auth, resp.StatusCode, e, tt.want)
@@ -559,7 +559,7 @@ func TestExecWebSocket(t *testing.T) {
 			t.Fatal(err)
 		}
 		b, _ := json.Marshal(req)
-		c.Write(ctx, websocket.MessageText, b)
+		_ = c.Write(ctx, websocket.MessageText, b)
 		return c
 	}
 	readControl := func(c *websocket.Conn, stdout *bytes.Buffer) v1.ExecControl {
@@ -576,7 +576,7 @@ func TestExecWebSocket(t *testing.T) {
 				continue
 			}
 			var ctl v1.ExecControl
-			json.Unmarshal(msg, &ctl)
+			_ = json.Unmarshal(msg, &ctl)
 			return ctl
 		}
 	}
@@ -587,8 +587,8 @@ func TestExecWebSocket(t *testing.T) {
 	if ctl := readControl(c, &out); ctl.Type != v1.ControlStarted || ctl.PID == 0 {
 		t.Fatalf("first control = %+v, want started", ctl)
 	}
-	c.Write(ctx, websocket.MessageBinary, append([]byte{v1.StreamStdin}, "over ws"...))
-	c.Write(ctx, websocket.MessageBinary, []byte{v1.StreamStdin})
+	_ = c.Write(ctx, websocket.MessageBinary, append([]byte{v1.StreamStdin}, "over ws"...))
+	_ = c.Write(ctx, websocket.MessageBinary, []byte{v1.StreamStdin})
 	if ctl := readControl(c, &out); ctl.Type != v1.ControlExit || ctl.ExitCode != 0 {
 		t.Fatalf("last control = %+v, want exit 0", ctl)
 	}
@@ -600,7 +600,7 @@ func TestExecWebSocket(t *testing.T) {
 	// A signal ends a sleeping command.
 	c = dial(v1.ExecRequest{Args: []string{"sleep", "30"}})
 	readControl(c, &out)
-	c.Write(ctx, websocket.MessageText, []byte(`{"type":"signal","signal":"TERM"}`))
+	_ = c.Write(ctx, websocket.MessageText, []byte(`{"type":"signal","signal":"TERM"}`))
 	if ctl := readControl(c, &out); ctl.Type != v1.ControlExit || ctl.ExitCode != 128+15 {
 		t.Errorf("after TERM = %+v, want exit 143", ctl)
 	}

@@ -88,7 +88,7 @@ func (e *testEngine) Connect(ctx context.Context, id string) (io.ReadWriteCloser
 		return nil, fmt.Errorf("sandbox %s is %s: %w", id, sb.state, errdefs.ErrFailedPrecondition)
 	}
 	if sb.conn != nil {
-		sb.conn.Close()
+		_ = sb.conn.Close()
 	}
 	sb.conn = &testConn{e: e, sb: sb, done: make(chan struct{})}
 	return sb.conn, nil
@@ -145,7 +145,7 @@ func (e *testEngine) Delete(ctx context.Context, id string) error {
 	defer e.mu.Unlock()
 	if sb, ok := e.sbs[id]; ok {
 		if sb.conn != nil {
-			sb.conn.Close()
+			_ = sb.conn.Close()
 		}
 		delete(e.sbs, id)
 	}
@@ -169,7 +169,7 @@ func (e *testEngine) kill(id string) {
 	if sb, ok := e.sbs[id]; ok {
 		sb.state = engine.StateDead
 		if sb.conn != nil {
-			sb.conn.Close()
+			_ = sb.conn.Close()
 		}
 	}
 }
@@ -199,13 +199,13 @@ func (e *testEngine) Checkpoint(ctx context.Context, req *engine.CheckpointReque
 	var size int64
 	for p, b := range sb.files {
 		f := filepath.Join(req.Dir, "files", hex.EncodeToString([]byte(p)))
-		os.MkdirAll(filepath.Dir(f), 0o700)
+		_ = os.MkdirAll(filepath.Dir(f), 0o700)
 		if err := os.WriteFile(f, b, 0o600); err != nil {
 			return nil, err
 		}
 		size += int64(len(b))
 	}
-	os.WriteFile(filepath.Join(req.Dir, "memory.img"), []byte("memory of "+req.ID), 0o600)
+	_ = os.WriteFile(filepath.Join(req.Dir, "memory.img"), []byte("memory of "+req.ID), 0o600)
 	return &engine.CheckpointResult{SourcePause: time.Millisecond, SizeBytes: size, EngineVersion: "test-1"}, nil
 }
 
@@ -378,7 +378,7 @@ func (a *testAgent) Exec(ctx context.Context, req *client.ExecRequest, stdio cli
 	case "cat":
 		go func() {
 			if stdio.Stdin != nil {
-				io.Copy(out, stdio.Stdin)
+				_, _ = io.Copy(out, stdio.Stdin)
 			}
 			finish(0)
 		}()

@@ -160,9 +160,9 @@ func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []stri
 				continue
 			}
 			sbs[i].setAgent(nil)
-			spec.engine.Delete(cctx, recs[i].ID)
+			_ = spec.engine.Delete(cctx, recs[i].ID)
 			d.teardownNetwork(cctx, recs[i].ID, recs[i].Network)
-			d.store.DeleteSandbox(recs[i].ID, false)
+			_ = d.store.DeleteSandbox(recs[i].ID, false)
 			sbs[i].release()
 			d.forget(recs[i].ID)
 		}
@@ -189,7 +189,7 @@ func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []stri
 			Network:   net,
 		}
 		sbs[i] = d.entry(rec.ID)
-		sbs[i].acquire(ctx) // fresh ID: never contended
+		_ = sbs[i].acquire(ctx) // fresh ID: never contended
 		if err := d.store.CreateSandbox(rec); err != nil {
 			sbs[i].release()
 			d.forget(rec.ID)

@@ -128,7 +128,7 @@ func Run(ctx context.Context, cfg Config, opts Options) error {
 	if err != nil {
 		return err
 	}
-	defer d.Close()
+	defer func() { _ = d.Close() }()
 	if cfg.Cleanup {
 		if err := d.CleanupAll(ctx); err != nil {
 			return fmt.Errorf("cleaning up %s: %w", cfg.StateDir, err)

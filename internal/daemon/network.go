@@ -120,7 +120,7 @@ func (d *Daemon) initNetwork(given Networks) {
 		return
 	}
 	if _, err := os.Stat(filepath.Join(d.cfg.StateDir, "network")); err == nil {
-		d.networks()
+		_, _ = d.networks()
 	}
 }
 

@@ -26,7 +26,7 @@ func (d *Daemon) watch(sb *sandbox, a Agent) {
 	if !sb.dropAgent(a) {
 		return // replaced or closed on purpose
 	}
-	a.Close()
+	_ = a.Close()
 	d.sbLog(sb.id).Info("agent connection closed; checking sandbox")
 	if err := sb.acquire(d.ctx); err != nil {
 		return
@@ -94,7 +94,9 @@ func (d *Daemon) check(sb *sandbox, why string) {
 		if s := st.State.String(); s != rec.State {
 			log.Info("state changed outside the daemon", "from", rec.State, "to", s)
 			rec.State = s
-			d.store.UpdateSandbox(rec)
+			if err := d.store.UpdateSandbox(rec); err != nil {
+				log.Warn("reconcile: saving state", "err", err)
+			}
 		}
 		if st.State == engine.StateRunning && sb.getAgent() == nil {
 			a, err := d.connect(ctx, eng, rec.ID)
@@ -156,7 +158,7 @@ func (d *Daemon) recover(ctx context.Context) {
 			if err := eng.Delete(octx, rec.ID); err != nil {
 				log.Warn("recover: deleting", "err", err)
 			}
-			d.store.DeleteSandbox(rec.ID, false)
+			_ = d.store.DeleteSandbox(rec.ID, false)
 			d.forget(rec.ID)
 		case v1.StateRunning, v1.StatePaused:
 			st, err := eng.Status(octx, rec.ID)
@@ -170,7 +172,9 @@ func (d *Daemon) recover(ctx context.Context) {
 			default:
 				if s := st.State.String(); s != rec.State {
 					rec.State = s
-					d.store.UpdateSandbox(rec)
+					if err := d.store.UpdateSandbox(rec); err != nil {
+						log.Warn("recover: saving state", "err", err)
+					}
 				}
 				if st.State == engine.StateRunning {
 					a, err := d.connect(octx, eng, rec.ID)
@@ -245,7 +249,7 @@ func (d *Daemon) CleanupAll(ctx context.Context) error {
 	// Stop background work and close the files before removing them.
 	d.cancel()
 	d.wg.Wait()
-	d.store.Close()
+	_ = d.store.Close()
 	d.store = nil
 	ents, err := os.ReadDir(d.cfg.StateDir)
 	if err != nil {

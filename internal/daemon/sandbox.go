@@ -141,7 +141,7 @@ func (d *Daemon) CreateSandbox(ctx context.Context, req *v1.CreateSandboxRequest
 		Created:   time.Now().UTC(),
 	}
 	sb := d.entry(id)
-	sb.acquire(ctx) // fresh ID: never contended
+	_ = sb.acquire(ctx) // fresh ID: never contended
 	defer sb.release()
 	if err := d.store.CreateSandbox(rec); err != nil {
 		d.forget(id)
@@ -164,7 +164,7 @@ func (d *Daemon) CreateSandbox(ctx context.Context, req *v1.CreateSandboxRequest
 			return err
 		})
 		if err != nil {
-			d.store.DeleteSandbox(id, false)
+			_ = d.store.DeleteSandbox(id, false)
 			d.forget(id)
 			d.metrics.ObserveOp("create", eng.Name(), time.Since(start), err)
 			return nil, fmt.Errorf("creating sandbox %s: %w", name, err)
@@ -217,7 +217,7 @@ func (d *Daemon) bringUp(ctx context.Context, sb *sandbox, eng engine.Engine, re
 		return 0, err
 	}
 	if len(files) > 0 {
-		step(ctx, log, "dns files", func(ctx context.Context) error { d.writeDNS(ctx, a, rec.ID, files); return nil })
+		_ = step(ctx, log, "dns files", func(ctx context.Context) error { d.writeDNS(ctx, a, rec.ID, files); return nil })
 	}
 	var rtt time.Duration
 	if ping {
@@ -246,7 +246,7 @@ func (d *Daemon) connect(ctx context.Context, eng engine.Engine, id string) (Age
 	}
 	a := d.newAgent(rw)
 	if _, err := a.Handshake(ctx); err != nil {
-		a.Close()
+		_ = a.Close()
 		return nil, fmt.Errorf("handshake with agent: %w", err)
 	}
 	return a, nil
@@ -577,7 +577,7 @@ func (d *Daemon) Logs(ctx context.Context, ref string, follow bool, w io.Writer,
 		case <-t.C:
 		}
 		if _, err := d.store.GetSandbox(rec.ID); err != nil {
-			io.Copy(w, rc)
+			_, _ = io.Copy(w, rc)
 			flush()
 			return nil
 		}

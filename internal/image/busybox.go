@@ -165,7 +165,7 @@ func checkStatic(bin string) error {
 	if err != nil {
 		return fmt.Errorf("opening %s (install busybox-static): %w: %w", bin, errdefs.ErrFailedPrecondition, err)
 	}
-	defer f.Close()
+	defer func() { _ = f.Close() }()
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
 			return fmt.Errorf("%s is dynamically linked; the built-in busybox image needs a static one (Debian: apt-get install busybox-static): %w", bin, errdefs.ErrFailedPrecondition)

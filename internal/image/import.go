@@ -204,7 +204,7 @@ func copyArchive(ctx context.Context, dst string, r io.Reader) error {
 		if err != nil {
 			return fmt.Errorf("reading gzip: %w: %w", errdefs.ErrInvalidArgument, err)
 		}
-		defer zr.Close()
+		defer func() { _ = zr.Close() }()
 		src = zr
 	}
 	f, err := os.Create(dst)

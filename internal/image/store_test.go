@@ -419,8 +419,8 @@ func TestImportOCILayout(t *testing.T) {
 	// Named by the caller, gzip-compressed: same image, one unpack.
 	var gz bytes.Buffer
 	zw := gzip.NewWriter(&gz)
-	zw.Write(archive)
-	zw.Close()
+	_, _ = zw.Write(archive)
+	_ = zw.Close()
 	got, err = s.Import(context.Background(), &gz, "mine", nil)
 	if err != nil {
 		t.Fatalf("Import: %v", err)
@@ -441,8 +441,8 @@ func TestImportOCILayout(t *testing.T) {
 func gzipBytes(b []byte) []byte {
 	var buf bytes.Buffer
 	zw := gzip.NewWriter(&buf)
-	zw.Write(b)
-	zw.Close()
+	_, _ = zw.Write(b)
+	_ = zw.Close()
 	return buf.Bytes()
 }
 

@@ -62,7 +62,7 @@ func extractTar(ctx context.Context, r io.Reader, dst string, log *slog.Logger) 
 	if err != nil {
 		return 0, err
 	}
-	defer root.Close()
+	defer func() { _ = root.Close() }()
 
 	type dirMeta struct {
 		name string

@@ -644,7 +644,7 @@ func (m *Manager) Close() error {
 // Manager must not be used afterwards.
 func (m *Manager) RemoveAll(ctx context.Context) error {
 	errs := []error{m.Reconcile(ctx, nil)}
-	m.Close()
+	_ = m.Close()
 	if l, err := netlink.LinkByName(m.bridge); err == nil {
 		if err := netlink.LinkDel(l); err != nil {
 			errs = append(errs, fmt.Errorf("deleting bridge %s: %w", m.bridge, err))

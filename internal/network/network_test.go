@@ -145,7 +145,7 @@ func serve(t *testing.T, path string, addr netip.AddrPort, greeting string) neti
 			if err != nil {
 				return
 			}
-			c.Write([]byte(greeting))
+			_, _ = c.Write([]byte(greeting))
 			c.Close()
 		}
 	}()
@@ -171,7 +171,7 @@ func greet(t *testing.T, path string, addr string) (string, error) {
 		return "", err
 	}
 	defer c.Close()
-	c.SetDeadline(time.Now().Add(2 * time.Second))
+	_ = c.SetDeadline(time.Now().Add(2 * time.Second))
 	b, err := io.ReadAll(c)
 	return string(b), err
 }
@@ -317,9 +317,9 @@ func targetNS(t *testing.T, prefix string, p netip.Prefix) (path string, addrs [
 	hostIf := prefix + "t0"
 	t.Cleanup(func() {
 		if l, err := netlink.LinkByName(hostIf); err == nil {
-			netlink.LinkDel(l)
+			_ = netlink.LinkDel(l)
 		}
-		deleteNS(name)
+		_ = deleteNS(name)
 	})
 	if err := netlink.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: hostIf}, PeerName: "eth0", PeerNamespace: netlink.NsFd(ns)}); err != nil {
 		t.Fatal(err)
@@ -447,13 +447,13 @@ func TestCyclesLeaveNoTrace(t *testing.T) {
 		}
 		start := time.Now()
 		if _, err := m.Setup(ctx, req); err != nil {
-			m.RemoveAll(ctx)
+			_ = m.RemoveAll(ctx)
 			t.Fatalf("cycle %d: Setup: %v", i, err)
 		}
 		setups = append(setups, time.Since(start))
 		start = time.Now()
 		if err := m.Teardown(ctx, id); err != nil {
-			m.RemoveAll(ctx)
+			_ = m.RemoveAll(ctx)
 			t.Fatalf("cycle %d: Teardown: %v", i, err)
 		}
 		teardowns = append(teardowns, time.Since(start))
@@ -488,7 +488,7 @@ func TestReconcileAfterCrash(t *testing.T) {
 	ctx := context.Background()
 	keep := setup(t, m1, Request{ID: "keep", Ports: []Port{{Port: 80}}})
 	gone := setup(t, m1, Request{ID: "gone", Ports: []Port{{Port: 80}}})
-	m1.Close() // the daemon dies: proxies go, namespaces stay
+	_ = m1.Close() // the daemon dies: proxies go, namespaces stay
 	ghost, err := createNS(m1.sName("ghost"))
 	if err != nil {
 		t.Fatal(err)

@@ -80,7 +80,7 @@ func (s *server) exec(w http.ResponseWriter, r *http.Request) {
 		if ctx.Err() != nil {
 			// The client went away: the command must not outlive it.
 			kctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			p.Signal(kctx, killSignal)
+			_ = p.Signal(kctx, killSignal)
 			cancel()
 			return
 		}
@@ -184,7 +184,7 @@ func (s *server) execWS(w http.ResponseWriter, r *http.Request) {
 	}
 	fail := func(err error) {
 		code, _ := errCode(err)
-		control(v1.ExecControl{Type: v1.ControlError, Error: err.Error(), Code: code})
+		_ = control(v1.ExecControl{Type: v1.ControlError, Error: err.Error(), Code: code})
 		conn.Close(websocket.StatusNormalClosure, "")
 	}
 
@@ -210,12 +210,12 @@ func (s *server) execWS(w http.ResponseWriter, r *http.Request) {
 		var stdinR *io.PipeReader
 		stdinR, stdinW = io.Pipe()
 		stdio.Stdin = stdinR
-		defer stdinW.Close()
+		defer func() { _ = stdinW.Close() }()
 	}
 	p, err := s.b.Exec(ctx, id, &req, stdio)
 	if err != nil {
 		if code, m, ok := startFailure(err); ok {
-			control(v1.ExecControl{Type: v1.ControlExit, ExitCode: code, Error: m, LatencyNS: latency(r)})
+			_ = control(v1.ExecControl{Type: v1.ControlExit, ExitCode: code, Error: m, LatencyNS: latency(r)})
 			conn.Close(websocket.StatusNormalClosure, "")
 			return
 		}
@@ -224,7 +224,7 @@ func (s *server) execWS(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := control(v1.ExecControl{Type: v1.ControlStarted, PID: p.PID(), LatencyNS: latency(r)}); err != nil {
 		if !req.Detach {
-			p.Signal(context.WithoutCancel(ctx), killSignal)
+			_ = p.Signal(context.WithoutCancel(ctx), killSignal)
 		}
 		return
 	}
@@ -245,7 +245,7 @@ func (s *server) execWS(w http.ResponseWriter, r *http.Request) {
 					continue
 				}
 				if len(msg) == 1 {
-					stdinW.Close()
+					_ = stdinW.Close()
 					continue
 				}
 				if _, err := stdinW.Write(msg[1:]); err != nil {
@@ -258,10 +258,10 @@ func (s *server) execWS(w http.ResponseWriter, r *http.Request) {
 				}
 				switch c.Type {
 				case v1.ControlResize:
-					p.Resize(ctx, c.Rows, c.Cols)
+					_ = p.Resize(ctx, c.Rows, c.Cols)
 				case v1.ControlSignal:
 					if n, err := signalNumber(c.Signal); err == nil {
-						p.Signal(ctx, n)
+						_ = p.Signal(ctx, n)
 					}
 				}
 			}
@@ -283,13 +283,13 @@ func (s *server) execWS(w http.ResponseWriter, r *http.Request) {
 			fail(fmt.Errorf("waiting for command: %w", res.err))
 			return
 		}
-		control(v1.ExecControl{Type: v1.ControlExit, PID: p.PID(), ExitCode: res.st.Code, TimedOut: res.st.TimedOut, LatencyNS: startNS})
+		_ = control(v1.ExecControl{Type: v1.ControlExit, PID: p.PID(), ExitCode: res.st.Code, TimedOut: res.st.TimedOut, LatencyNS: startNS})
 		conn.Close(websocket.StatusNormalClosure, "")
 	case <-gone:
 		// The client dropped mid-command: kill it unless detached.
 		if !req.Detach {
 			kctx, kcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-			p.Signal(kctx, killSignal)
+			_ = p.Signal(kctx, killSignal)
 			kcancel()
 		}
 	}

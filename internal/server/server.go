@@ -240,7 +240,7 @@ func writeJSONStatus(w http.ResponseWriter, status int, v any, ns int64) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
+	_, _ = w.Write(append(b, '\n'))
 }
 
 func (s *server) error(w http.ResponseWriter, r *http.Request, err error) {
@@ -290,7 +290,7 @@ func boolQuery(r *http.Request, name string) bool {
 
 func (s *server) healthz(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "text/plain")
-	io.WriteString(w, "ok\n")
+	_, _ = io.WriteString(w, "ok\n")
 }
 
 func (s *server) info(w http.ResponseWriter, r *http.Request) {
@@ -463,7 +463,7 @@ func (n *ndjson) send(p v1.PullProgress) {
 		n.w.Header().Set("Content-Type", "application/x-ndjson")
 		n.w.WriteHeader(http.StatusOK)
 	}
-	n.enc.Encode(p)
+	_ = n.enc.Encode(p)
 	if f, ok := n.w.(http.Flusher); ok {
 		f.Flush()
 	}

@@ -123,7 +123,7 @@ func Open(path string) (*Store, error) {
 		return nil
 	})
 	if err != nil {
-		db.Close()
+		_ = db.Close()
 		return nil, fmt.Errorf("initializing store %s: %w", path, err)
 	}
 	return &Store{db: db}, nil

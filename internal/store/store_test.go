@@ -17,7 +17,7 @@ func openTemp(t *testing.T) (*Store, string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { s.Close() })
+	t.Cleanup(func() { _ = s.Close() })
 	return s, p
 }
 
@@ -107,12 +107,12 @@ func TestSandboxCRUD(t *testing.T) {
 	}
 
 	// Everything survives a reopen.
-	s.Close()
+	_ = s.Close()
 	s2, err := Open(p)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer s2.Close()
+	defer func() { _ = s2.Close() }()
 	list, err := s2.ListSandboxes()
 	if err != nil {
 		t.Fatal(err)

@@ -24,7 +24,7 @@ func runCommand(req v1.ExecRequest, stdin io.Reader, stdout, stderr io.Writer, c
 	case "echo":
 		fmt.Fprintln(stdout, strings.Join(req.Args[1:], " "))
 	case "cat":
-		io.Copy(stdout, stdin)
+		_, _ = io.Copy(stdout, stdin)
 	case "exit":
 		n := 0
 		if len(req.Args) > 1 {
@@ -67,7 +67,7 @@ func execWS(w http.ResponseWriter, r *http.Request, sb *v1.Sandbox) {
 	var req v1.ExecRequest
 	sendCtl := func(m v1.ExecControl) {
 		b, _ := json.Marshal(m)
-		conn.Write(ctx, websocket.MessageText, b)
+		_ = conn.Write(ctx, websocket.MessageText, b)
 	}
 	if err := json.Unmarshal(b, &req); err != nil || len(req.Args) == 0 {
 		sendCtl(v1.ExecControl{Type: v1.ControlError, Error: "exec needs args", Code: v1.CodeInvalidArgument})
@@ -81,7 +81,7 @@ func execWS(w http.ResponseWriter, r *http.Request, sb *v1.Sandbox) {
 	}
 	stdinR, stdinW := io.Pipe()
 	if !req.Stdin {
-		stdinW.Close()
+		_ = stdinW.Close()
 	}
 	ctl := make(chan v1.ExecControl, 16)
 	go func() { // reader: stdin and control messages
@@ -94,9 +94,9 @@ func execWS(w http.ResponseWriter, r *http.Request, sb *v1.Sandbox) {
 			}
 			if typ == websocket.MessageBinary {
 				if len(b) == 1 && b[0] == v1.StreamStdin {
-					stdinW.Close()
+					_ = stdinW.Close()
 				} else if len(b) > 1 && b[0] == v1.StreamStdin {
-					stdinW.Write(b[1:])
+					_, _ = stdinW.Write(b[1:])
 				}
 				continue
 			}

@@ -216,7 +216,7 @@ func (s *Server) withSandbox(h func(w http.ResponseWriter, r *http.Request, sb *
 
 func (s *Server) handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, "ok") })
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "ok") })
 	mux.HandleFunc("GET /v1/info", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, 200, v1.Info{Version: Version, DefaultEngine: "fake", Engines: []v1.EngineInfo{{Name: "fake", Available: true}}, StateDir: "/var/lib/k7"})
 	})
@@ -322,7 +322,7 @@ func (s *Server) sandboxRoutes(mux *http.ServeMux) {
 		s.mu.Lock()
 		l := s.logs[sb.ID]
 		s.mu.Unlock()
-		io.WriteString(w, l)
+		_, _ = io.WriteString(w, l)
 	}))
 	mux.HandleFunc("PUT /v1/sandboxes/{id}/files", s.withSandbox(func(w http.ResponseWriter, r *http.Request, sb *v1.Sandbox) {
 		p := r.URL.Query().Get("path")
@@ -344,7 +344,7 @@ func (s *Server) sandboxRoutes(mux *http.ServeMux) {
 			WriteError(w, 404, v1.CodeNotFound, fmt.Sprintf("open %s: no such file or directory", p))
 			return
 		}
-		w.Write(b)
+		_, _ = w.Write(b)
 	}))
 }
 
@@ -376,15 +376,15 @@ func (s *Server) imageRoutes(mux *http.ServeMux) {
 	})
 	mux.HandleFunc("POST /v1/images/pull", func(w http.ResponseWriter, r *http.Request) {
 		var req v1.PullRequest
-		json.NewDecoder(r.Body).Decode(&req)
+		_ = json.NewDecoder(r.Body).Decode(&req)
 		enc := json.NewEncoder(w)
-		enc.Encode(v1.PullProgress{Status: "resolving " + req.Ref})
+		_ = enc.Encode(v1.PullProgress{Status: "resolving " + req.Ref})
 		if strings.Contains(req.Ref, "missing") {
-			enc.Encode(v1.PullProgress{Error: fmt.Sprintf("manifest for %s not found", req.Ref), Code: v1.CodeNotFound})
+			_ = enc.Encode(v1.PullProgress{Error: fmt.Sprintf("manifest for %s not found", req.Ref), Code: v1.CodeNotFound})
 			return
 		}
-		enc.Encode(v1.PullProgress{Status: "downloading", TotalBytes: 100, DoneBytes: 50})
-		enc.Encode(v1.PullProgress{Status: "downloading", TotalBytes: 100, DoneBytes: 100})
+		_ = enc.Encode(v1.PullProgress{Status: "downloading", TotalBytes: 100, DoneBytes: 50})
+		_ = enc.Encode(v1.PullProgress{Status: "downloading", TotalBytes: 100, DoneBytes: 100})
 		s.addImage(enc, &v1.Image{ID: "sha256:" + strings.Repeat("b", 64), Refs: []string{req.Ref}, SizeBytes: 100})
 	})
 	mux.HandleFunc("POST /v1/images/import", func(w http.ResponseWriter, r *http.Request) {
@@ -392,10 +392,10 @@ func (s *Server) imageRoutes(mux *http.ServeMux) {
 		n, _ := io.Copy(io.Discard, r.Body)
 		enc := json.NewEncoder(w)
 		if n == 0 {
-			enc.Encode(v1.PullProgress{Error: "empty archive", Code: v1.CodeInvalidArgument})
+			_ = enc.Encode(v1.PullProgress{Error: "empty archive", Code: v1.CodeInvalidArgument})
 			return
 		}
-		enc.Encode(v1.PullProgress{Status: "unpacking", TotalBytes: n, DoneBytes: n})
+		_ = enc.Encode(v1.PullProgress{Status: "unpacking", TotalBytes: n, DoneBytes: n})
 		s.addImage(enc, &v1.Image{ID: "sha256:" + strings.Repeat("c", 64), Refs: []string{name}, SizeBytes: n})
 	})
 }
@@ -405,5 +405,5 @@ func (s *Server) addImage(enc *json.Encoder, img *v1.Image) {
 	s.mu.Lock()
 	s.images[img.Refs[0]] = img
 	s.mu.Unlock()
-	enc.Encode(v1.PullProgress{Status: "done", Image: img})
+	_ = enc.Encode(v1.PullProgress{Status: "done", Image: img})
 }

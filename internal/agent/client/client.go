@@ -459,7 +459,7 @@ func (p *process) receive(stdout, stderr io.Writer) {
 					werr = fmt.Errorf("writing command output: %w", err)
 				}
 			}
-			p.c.send(proto.WindowFrame(p.ch.id, len(f.Payload)))
+			_ = p.c.send(proto.WindowFrame(p.ch.id, len(f.Payload)))
 		case proto.TExit:
 			var e proto.Exit
 			if err := f.Unmarshal(&e); err != nil {
@@ -489,7 +489,7 @@ func (p *process) feed(r io.Reader) {
 			b = b[k:]
 		}
 		if err != nil {
-			p.CloseStdin()
+			_ = p.CloseStdin()
 			return
 		}
 	}
@@ -546,7 +546,7 @@ func (c *Client) putFile(ctx context.Context, path string, mode uint32, r io.Rea
 			return decodeResult(f) // an early error
 		}
 		if err := ctx.Err(); err != nil {
-			c.send(proto.Frame{Type: proto.TCancel, Channel: ch.id})
+			_ = c.send(proto.Frame{Type: proto.TCancel, Channel: ch.id})
 			return err
 		}
 		n, rerr := r.Read(buf)
@@ -559,7 +559,7 @@ func (c *Client) putFile(ctx context.Context, path string, mode uint32, r io.Rea
 			break
 		}
 		if rerr != nil {
-			c.send(proto.Frame{Type: proto.TCancel, Channel: ch.id})
+			_ = c.send(proto.Frame{Type: proto.TCancel, Channel: ch.id})
 			return fmt.Errorf("reading: %w", rerr)
 		}
 	}
@@ -592,16 +592,16 @@ func (c *Client) getFile(ctx context.Context, path string, w io.Writer) error {
 	for {
 		f, err := c.recv(ctx, ch)
 		if err != nil {
-			c.send(proto.Frame{Type: proto.TCancel, Channel: ch.id})
+			_ = c.send(proto.Frame{Type: proto.TCancel, Channel: ch.id})
 			return err
 		}
 		switch f.Type {
 		case proto.TData:
 			if _, err := w.Write(f.Payload); err != nil {
-				c.send(proto.Frame{Type: proto.TCancel, Channel: ch.id})
+				_ = c.send(proto.Frame{Type: proto.TCancel, Channel: ch.id})
 				return err
 			}
-			c.send(proto.WindowFrame(ch.id, len(f.Payload)))
+			_ = c.send(proto.WindowFrame(ch.id, len(f.Payload)))
 		default:
 			return decodeResult(f)
 		}

@@ -114,12 +114,12 @@ func TestReaderStaleHeader(t *testing.T) {
 	now.Store(time.Unix(1000, 0).UnixNano())
 	r.now = func() time.Time { return time.Unix(0, now.Load()) }
 	go func() {
-		pw.Write(stale)
+		_, _ = pw.Write(stale)
 		for i := 0; i < 3; i++ {
-			pw.Write(enc(t, hello))
+			_, _ = pw.Write(enc(t, hello))
 			now.Add(int64(ResyncAfter / 2)) // the fake clock moves between writes
 		}
-		pw.Close()
+		_ = pw.Close()
 	}()
 	got, err := r.ReadFrame()
 	if err != nil {

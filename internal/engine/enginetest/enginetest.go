@@ -150,7 +150,7 @@ func (s *suite) connect(t *testing.T, ctx context.Context, id string) *client.Cl
 		t.Fatalf("Connect(%s): %v", id, err)
 	}
 	c := client.New(rw)
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { _ = c.Close() })
 	hctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 	defer cancel()
 	if _, err := c.Handshake(hctx); err != nil {
@@ -332,14 +332,14 @@ func (s *suite) testReconnect(t *testing.T, ctx context.Context) {
 	detach(t, ctx, sb.c, counterScript)
 	n := waitCounter(t, ctx, sb.c, 1)
 	// A daemon restart: the first client goes away without a goodbye.
-	sb.c.Close()
+	_ = sb.c.Close()
 	for i := 0; i < 3; i++ {
 		c := s.connect(t, ctx, sb.id)
 		if got := sh(t, ctx, c, "echo again"); got != "again\n" {
 			t.Errorf("exec after reconnect %d: got %q", i, got)
 		}
 		n = waitCounter(t, ctx, c, n+1)
-		c.Close()
+		_ = c.Close()
 	}
 }
 
@@ -415,7 +415,7 @@ func (s *suite) testConcurrentCreate(t *testing.T, ctx context.Context) {
 				return
 			}
 			c := client.New(rw)
-			defer c.Close()
+			defer func() { _ = c.Close() }()
 			if _, err := c.Handshake(ctx); err != nil {
 				errs <- fmt.Errorf("Handshake(%s): %w", id, err)
 				return

@@ -27,7 +27,7 @@ func BusyboxRootfs(t testing.TB) string {
 			t.Fatal(err)
 		}
 	}
-	os.Chmod(filepath.Join(root, "tmp"), 0o1777)
+	_ = os.Chmod(filepath.Join(root, "tmp"), 0o1777)
 	b, err := os.ReadFile(HostBusybox)
 	if err != nil {
 		t.Fatal(err)
@@ -52,7 +52,7 @@ func BusyboxRootfs(t testing.TB) string {
 		if filepath.Dir(a) == "bin" {
 			target = "busybox"
 		}
-		os.Symlink(target, filepath.Join(root, a))
+		_ = os.Symlink(target, filepath.Join(root, a))
 	}
 	for name, data := range map[string]string{
 		"etc/passwd": "root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n",

@@ -178,7 +178,7 @@ func (e *Engine) start(ctx context.Context, req *engine.CreateRequest, from stri
 	s.cancel = cancel
 	go func() {
 		defer close(s.served)
-		s.srv.Serve(sctx, s.inR, s.outW)
+		_ = s.srv.Serve(sctx, s.inR, s.outW)
 	}()
 	go s.pump()
 	e.mu.Lock()
@@ -229,7 +229,7 @@ func (s *sandbox) pump() {
 		if err != nil {
 			s.mu.Lock()
 			if s.cur != nil {
-				s.cur.pw.Close()
+				_ = s.cur.pw.Close()
 			}
 			s.mu.Unlock()
 			return
@@ -283,7 +283,7 @@ func (c *conn) Close() error {
 	c.mu.Lock()
 	c.closed = true
 	c.mu.Unlock()
-	c.pr.Close()
+	_ = c.pr.Close()
 	s := c.s
 	s.mu.Lock()
 	if s.cur == c {
@@ -319,7 +319,7 @@ func (e *Engine) Connect(ctx context.Context, id string) (io.ReadWriteCloser, er
 		return nil, fmt.Errorf("connecting to sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	if old := s.cur; old != nil {
-		old.pw.Close()
+		_ = old.pw.Close()
 	}
 	s.cur = c
 	close(s.changed)
@@ -399,8 +399,8 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 	if s == nil {
 		return nil
 	}
-	s.srv.Thaw()
-	s.srv.KillAll()
+	_ = s.srv.Thaw()
+	_ = s.srv.KillAll()
 	s.cancel()
 	<-s.served
 	s.mu.Lock()
@@ -408,9 +408,9 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 	close(s.changed)
 	s.changed = make(chan struct{})
 	s.mu.Unlock()
-	s.inR.Close()
-	s.inW.Close()
-	s.outW.Close() // the pump ends; the current stream reads EOF
+	_ = s.inR.Close()
+	_ = s.inW.Close()
+	_ = s.outW.Close() // the pump ends; the current stream reads EOF
 	s.console.Close()
 	if err := os.RemoveAll(s.dir); err != nil {
 		return fmt.Errorf("deleting sandbox %q: %w", id, err)
@@ -444,11 +444,11 @@ func (e *Engine) Checkpoint(ctx context.Context, req *engine.CheckpointRequest) 
 		return nil, fmt.Errorf("checkpointing sandbox %q: %w", req.ID, err)
 	}
 	start := time.Now()
-	s.srv.Freeze()
+	_ = s.srv.Freeze()
 	err = os.CopyFS(filepath.Join(req.Dir, "root"), os.DirFS(filepath.Join(s.dir, "root")))
 	s.mu.Lock()
 	if !s.paused {
-		s.srv.Thaw()
+		_ = s.srv.Thaw()
 	}
 	s.mu.Unlock()
 	pause := time.Since(start)
@@ -459,7 +459,7 @@ func (e *Engine) Checkpoint(ctx context.Context, req *engine.CheckpointRequest) 
 		return nil, fmt.Errorf("checkpointing sandbox %q: %w", req.ID, err)
 	}
 	var size int64
-	filepath.WalkDir(req.Dir, func(_ string, d fs.DirEntry, err error) error {
+	_ = filepath.WalkDir(req.Dir, func(_ string, d fs.DirEntry, err error) error {
 		if err == nil && d.Type().IsRegular() {
 			if fi, err := d.Info(); err == nil {
 				size += fi.Size()

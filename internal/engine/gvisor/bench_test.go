@@ -57,8 +57,8 @@ func BenchmarkCreate(b *testing.B) {
 		c := connectTB(b, ctx, e, id)
 		execTrue(b, ctx, c)
 		b.StopTimer()
-		c.Close()
-		e.Delete(ctx, id)
+		_ = c.Close()
+		_ = e.Delete(ctx, id)
 		b.StartTimer()
 	}
 }
@@ -69,9 +69,9 @@ func startedTB(b *testing.B, e *Engine, rootfs string) (string, *client.Client) 
 	if err := e.Create(ctx, &engine.CreateRequest{ID: id, Rootfs: rootfs}); err != nil {
 		b.Fatal(err)
 	}
-	b.Cleanup(func() { e.Delete(context.Background(), id) })
+	b.Cleanup(func() { _ = e.Delete(context.Background(), id) })
 	c := connectTB(b, ctx, e, id)
-	b.Cleanup(func() { c.Close() })
+	b.Cleanup(func() { _ = c.Close() })
 	return id, c
 }
 
@@ -106,7 +106,7 @@ func BenchmarkDelete(b *testing.B) {
 	for b.Loop() {
 		b.StopTimer()
 		id, c := startedTB(b, e, rootfs)
-		c.Close()
+		_ = c.Close()
 		b.StartTimer()
 		if err := e.Delete(ctx, id); err != nil {
 			b.Fatal(err)
@@ -160,8 +160,8 @@ func benchFork(b *testing.B, usePool bool) {
 		c := connectTB(b, ctx, e, child)
 		execTrue(b, ctx, c)
 		b.StopTimer()
-		c.Close()
-		e.Delete(ctx, child)
+		_ = c.Close()
+		_ = e.Delete(ctx, child)
 		if usePool {
 			e.waitPool(poolKey{rootfs: rootfs})
 		}

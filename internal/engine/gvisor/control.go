@@ -147,7 +147,7 @@ func (s *lockedState) setStatus(status string) error {
 }
 
 func (s *lockedState) unlock() {
-	unix.Flock(int(s.lock.Fd()), unix.LOCK_UN)
+	_ = unix.Flock(int(s.lock.Fd()), unix.LOCK_UN)
 	s.lock.Close()
 }
 
@@ -160,7 +160,7 @@ func call(ctx context.Context, socket, method string, arg any, files ...*os.File
 		if err != nil {
 			return fmt.Errorf("opening control socket: %w", err)
 		}
-		defer unix.Close(fd)
+		defer func() { _ = unix.Close(fd) }()
 		socket = "/proc/self/fd/" + strconv.Itoa(fd)
 	}
 	var d net.Dialer
@@ -169,8 +169,8 @@ func call(ctx context.Context, socket, method string, arg any, files ...*os.File
 		return fmt.Errorf("connecting to the sandbox's control server: %w", err)
 	}
 	conn := nc.(*net.UnixConn)
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer func() { _ = conn.Close() }()
+	stop := context.AfterFunc(ctx, func() { _ = conn.SetDeadline(time.Unix(1, 0)) })
 	defer stop()
 	err = func() error {
 		req, err := json.Marshal(struct {

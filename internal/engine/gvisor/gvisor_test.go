@@ -48,7 +48,7 @@ func newTestEngine(t testing.TB) *Engine {
 		for unix.Unmount(filepath.Join(root, "runsc", "null-netns"), unix.MNT_DETACH) == nil {
 		}
 	})
-	t.Cleanup(func() { e.Close() })
+	t.Cleanup(func() { _ = e.Close() })
 	return e
 }
 
@@ -82,13 +82,13 @@ func started(t *testing.T, ctx context.Context, e *Engine, rootfs string, res en
 	if err := e.Create(ctx, &engine.CreateRequest{ID: id, Rootfs: rootfs, Resources: res}); err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	t.Cleanup(func() { e.Delete(context.Background(), id) })
+	t.Cleanup(func() { _ = e.Delete(context.Background(), id) })
 	rw, err := e.Connect(ctx, id)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c := client.New(rw)
-	t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { _ = c.Close() })
 	if _, err := c.Handshake(ctx); err != nil {
 		t.Fatalf("Handshake: %v", err)
 	}
@@ -215,7 +215,7 @@ func TestFailedCreateLeavesNothing(t *testing.T) {
 	rootfs := t.TempDir()
 	err := e.Create(ctx, &engine.CreateRequest{ID: id, Rootfs: rootfs, Resources: engine.Resources{MemoryBytes: 1}})
 	if err == nil {
-		t.Cleanup(func() { e.Delete(ctx, id) })
+		t.Cleanup(func() { _ = e.Delete(ctx, id) })
 		t.Skip("runsc accepted the sandbox; nothing to check")
 	}
 	t.Logf("Create error: %v", err)
@@ -259,7 +259,7 @@ func TestDaemonRestart(t *testing.T) {
 	if _, err := c1.Exec(ctx, &client.ExecRequest{Args: []string{"sh", "-c", "sleep 0.2; echo late"}}, client.Stdio{}); err != nil {
 		t.Fatal(err)
 	}
-	c1.Close()
+	_ = c1.Close()
 
 	e2, err := New(e1.cfg)
 	if err != nil {
@@ -278,7 +278,7 @@ func TestDaemonRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	c2 := client.New(rw)
-	defer c2.Close()
+	defer func() { _ = c2.Close() }()
 	if _, err := c2.Handshake(ctx); err != nil {
 		t.Fatalf("Handshake after restart: %v", err)
 	}
@@ -316,7 +316,7 @@ func TestForkPool(t *testing.T) {
 	if err := e.Restore(ctx, &engine.RestoreRequest{CreateRequest: engine.CreateRequest{ID: child, Rootfs: rootfs, Resources: res}, From: capture}); err != nil {
 		t.Fatalf("Restore: %v", err)
 	}
-	t.Cleanup(func() { e.Delete(context.Background(), child) })
+	t.Cleanup(func() { _ = e.Delete(context.Background(), child) })
 	cid := e.cid(child)
 	if !isPoolID(cid) {
 		t.Fatalf("child's container: got %q, want a pool container", cid)
@@ -326,7 +326,7 @@ func TestForkPool(t *testing.T) {
 		t.Fatal(err)
 	}
 	cc := client.New(rw)
-	defer cc.Close()
+	defer func() { _ = cc.Close() }()
 	if _, err := cc.Handshake(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -382,7 +382,7 @@ func TestPausedSandbox(t *testing.T) {
 		if err := e.Restore(ctx, &engine.RestoreRequest{CreateRequest: engine.CreateRequest{ID: child, Rootfs: rootfs}, From: capture}); err != nil {
 			t.Errorf("Restore from a paused source: %v", err)
 		} else {
-			t.Cleanup(func() { e.Delete(context.Background(), child) })
+			t.Cleanup(func() { _ = e.Delete(context.Background(), child) })
 			st, err := e.Status(ctx, child)
 			t.Logf("child of a paused source: %+v, %v", st, err)
 		}

@@ -240,9 +240,9 @@ func (e *Engine) Close() error {
 		return nil
 	}
 	for _, c := range cgroupControllers {
-		unix.Rmdir(filepath.Join("/sys/fs/cgroup", c, e.cgParent))
+		_ = unix.Rmdir(filepath.Join("/sys/fs/cgroup", c, e.cgParent))
 	}
-	unix.Rmdir(filepath.Join("/sys/fs/cgroup", e.cgParent))
+	_ = unix.Rmdir(filepath.Join("/sys/fs/cgroup", e.cgParent))
 	// Concurrent runsc commands may have stacked several mounts.
 	for unix.Unmount(filepath.Join(e.runscRoot, "null-netns"), unix.MNT_DETACH) == nil {
 	}

@@ -29,7 +29,7 @@ func testNetns(t *testing.T) string {
 			t.Skipf("ip %v: %v: %s", args, err, out)
 		}
 	}
-	t.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
+	t.Cleanup(func() { _ = exec.Command("ip", "netns", "del", name).Run() })
 	return "/run/netns/" + name
 }
 
@@ -56,7 +56,7 @@ func TestPrecreate(t *testing.T) {
 	if err := e.Create(ctx, &engine.CreateRequest{ID: parent, Rootfs: rootfs, Resources: res, Netns: testNetns(t)}); err != nil {
 		t.Fatalf("Create: %v", err)
 	}
-	t.Cleanup(func() { e.Delete(context.Background(), parent) })
+	t.Cleanup(func() { _ = e.Delete(context.Background(), parent) })
 	connect := func(id string) *client.Client {
 		t.Helper()
 		rw, err := e.Connect(ctx, id)
@@ -64,7 +64,7 @@ func TestPrecreate(t *testing.T) {
 			t.Fatal(err)
 		}
 		c := client.New(rw)
-		t.Cleanup(func() { c.Close() })
+		t.Cleanup(func() { _ = c.Close() })
 		if _, err := c.Handshake(ctx); err != nil {
 			t.Fatalf("Handshake: %v", err)
 		}
@@ -91,7 +91,7 @@ func TestPrecreate(t *testing.T) {
 			if err := e.Precreate(ctx, &req); err != nil {
 				t.Fatalf("Precreate: %v", err)
 			}
-			t.Cleanup(func() { e.Delete(context.Background(), child) })
+			t.Cleanup(func() { _ = e.Delete(context.Background(), child) })
 			st, err := e.state(ctx, child)
 			if err != nil || st.Status != "created" {
 				t.Fatalf("runsc state of the pre-created sandbox: %+v, %v", st, err)

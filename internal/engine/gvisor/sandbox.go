@@ -189,7 +189,7 @@ func (e *Engine) remove(ctx context.Context, cid, dir string) error {
 		if _, err := e.runsc(ctx, "", "delete", "-force", cid); err != nil && !errors.Is(err, errdefs.ErrNotFound) {
 			// A container that runsc cannot delete yet ("not stopped"):
 			// kill it and retry.
-			e.runsc(ctx, "", "kill", cid, "KILL")
+			_, _ = e.runsc(ctx, "", "kill", cid, "KILL")
 			if _, err2 := e.runsc(ctx, "", "delete", "-force", cid); err2 != nil && !errors.Is(err2, errdefs.ErrNotFound) {
 				return err2
 			}
@@ -242,7 +242,7 @@ func (e *Engine) removeCgroups(id string) {
 		}
 	}
 	// cgroup v2 (unified) host.
-	syscall.Rmdir(filepath.Join("/sys/fs/cgroup", e.cgroupsPath(id)))
+	_ = syscall.Rmdir(filepath.Join("/sys/fs/cgroup", e.cgroupsPath(id)))
 }
 
 // runscState is the part of "runsc state" the engine reads.
