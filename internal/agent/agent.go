@@ -194,7 +194,7 @@ func (s *Server) send(epoch uint64, f proto.Frame) bool {
 		}
 		return write(f)
 	})
-	if err != nil && err != errStale {
+	if err != nil && !errors.Is(err, errStale) {
 		s.log.Debug("writing frame", "frame", f.String(), "err", err)
 	}
 	return err == nil
@@ -212,8 +212,7 @@ func (s *Server) result(epoch uint64, ch uint32, err error) {
 }
 
 func (s *Server) handle(ctx context.Context, f proto.Frame) {
-	switch f.Type {
-	case proto.THello:
+	if f.Type == proto.THello {
 		var h proto.Hello
 		if err := f.Unmarshal(&h); err != nil {
 			s.log.Warn("bad hello", "err", err)

@@ -308,7 +308,7 @@ func (se *session) console(st *stream) {
 			}
 			_, _ = se.s.console.Write(b)
 		}
-		if err != nil && err != bufio.ErrBufferFull {
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
 			st.mu.Lock()
 			st.finished = true
 			st.mu.Unlock()
@@ -467,7 +467,7 @@ wait:
 	se.s.mu.Unlock()
 	se.stdinQ.Close()
 	if se.detach {
-		_, _ = se.s.console.Write([]byte(fmt.Sprintf("[pid %d] exited with code %d\n", se.pid, code)))
+		fmt.Fprintf(se.s.console, "[pid %d] exited with code %d\n", se.pid, code)
 	} else if epoch != 0 {
 		se.s.send(epoch, proto.JSON(proto.TExit, se.ch, proto.Exit{Code: code, TimedOut: se.timedOut.Load()}))
 	}

@@ -3,7 +3,6 @@ package cli
 import (
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path"
@@ -48,7 +47,7 @@ the local file's permission bits (0644 from stdin).`,
 			}
 			ctx := ctxOf(cmd)
 			if dstRemote { // local → sandbox
-				var r io.Reader = g.streams.In
+				r := g.streams.In
 				mode := fs.FileMode(0o644)
 				if srcPath != "-" {
 					f, err := os.Open(srcPath)

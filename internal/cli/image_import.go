@@ -25,7 +25,7 @@ archive without a temporary file. The image ID goes to stdout.`,
   skopeo copy docker://alpine:3 oci-archive:/dev/stdout | k7 image import - --name alpine:3`,
 		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var r io.Reader = g.streams.In
+			r := g.streams.In
 			if p := args[0]; p != "-" {
 				fi, err := os.Stat(p)
 				if err != nil {

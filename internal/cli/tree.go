@@ -44,7 +44,7 @@ tree as "deleted" so that lineage stays connected.`,
 }
 
 func printTreeNode(w io.Writer, n v1.TreeNode, first, rest string) {
-	label := n.ID
+	var label string
 	if n.Kind == "sandbox" {
 		label = shortID(n.ID)
 		if n.Name != "" {

@@ -215,7 +215,7 @@ func validID(id string) bool {
 
 func isHex(s string) bool {
 	for _, c := range s {
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f') {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
 			return false
 		}
 	}

@@ -151,7 +151,7 @@ func (m *Manager) Setup(ctx context.Context, req Request) (_ *Attachment, retErr
 		m.mu.Unlock()
 	}()
 
-	var sNS, rNS netns.NsHandle = netns.None(), netns.None()
+	sNS, rNS := netns.None(), netns.None()
 	defer func() {
 		if sNS != netns.None() {
 			sNS.Close()

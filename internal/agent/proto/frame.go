@@ -172,12 +172,12 @@ func (r *Reader) next() (Frame, error) {
 			continue
 		}
 		f, n, err := Decode(b)
-		switch err {
-		case nil:
+		switch {
+		case err == nil:
 			r.off += n
 			r.pending = time.Time{}
 			return f, nil
-		case ErrCorrupt:
+		case errors.Is(err, ErrCorrupt):
 			r.discard(1)
 			continue
 		}

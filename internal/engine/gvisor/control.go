@@ -80,7 +80,7 @@ func (e *Engine) lockState(ctx context.Context, cid string) (*lockedState, error
 	// wait as runsc would, but give up with ctx.
 	for {
 		err = unix.Flock(int(lock.Fd()), unix.LOCK_EX|unix.LOCK_NB)
-		if err != unix.EWOULDBLOCK {
+		if !errors.Is(err, unix.EWOULDBLOCK) {
 			break
 		}
 		select {
