@@ -226,7 +226,7 @@ func checkNothingLeft(t *testing.T, d *daemon, id string) {
 		for _, root := range runscRoots(t, d) {
 			out, err := exec.Command(testutil.Runsc(t), "--root", root, "list", "-quiet").CombinedOutput()
 			if err != nil {
-				return fmt.Errorf("runsc list: %v %s", err, out)
+				return fmt.Errorf("runsc list: %w %s", err, out)
 			}
 			if strings.Contains(string(out), id) {
 				return fmt.Errorf("runsc still lists %s under %s", id, root)

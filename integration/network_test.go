@@ -55,7 +55,7 @@ func waitPage(t *testing.T, port int, want string, timeout time.Duration) {
 	eventually(t, timeout, func() error {
 		got, err := httpGet(port)
 		if err != nil {
-			return fmt.Errorf("GET 127.0.0.1:%d: %v", port, err)
+			return fmt.Errorf("GET 127.0.0.1:%d: %w", port, err)
 		}
 		if got != want {
 			return fmt.Errorf("GET 127.0.0.1:%d = %q, want %q", port, got, want)

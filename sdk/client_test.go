@@ -110,7 +110,7 @@ func TestErrorMapping(t *testing.T) {
 				t.Errorf("message = %q, want %q", got, "the message")
 			}
 			for _, other := range codes {
-				if other.want != tc.want && errors.Is(err, other.want) {
+				if other.want != tc.want && errors.Is(err, other.want) { //nolint:errorlint // two sentinels compared by identity
 					t.Errorf("error also matches %v", other.want)
 				}
 			}

@@ -94,7 +94,7 @@ func Scaling(ctx context.Context, cfg ScalingConfig) (*Report, error) {
 			fill := fmt.Sprintf("dd if=/dev/urandom of=/tmp/fill bs=1M count=%d 2>/dev/null", size)
 			if res, err := c.Run(ctx, sb.ID, v1.ExecRequest{Args: []string{"sh", "-c", fill}}); err != nil || res.ExitCode != 0 {
 				cleanup()
-				return r, fmt.Errorf("filling %d MiB: %v %v", size, res, err)
+				return r, fmt.Errorf("filling %d MiB: %v %v", size, res, err) //nolint:errorlint // err is nil when the command failed with an exit code
 			}
 			for rep := range cfg.Reps {
 				d, child, err := fork(sb.ID)

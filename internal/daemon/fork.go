@@ -554,7 +554,7 @@ func (d *Daemon) DeleteSnapshot(ctx context.Context, name string) error {
 func (d *Daemon) verifySnapshot(sn *store.Snapshot) error {
 	sum, _, err := checksumDir(filepath.Join(d.snapshotDir(sn.Name), "capture"))
 	if err != nil {
-		return fmt.Errorf("snapshot %q is unreadable: %v: %w", sn.Name, err, errdefs.ErrFailedPrecondition)
+		return fmt.Errorf("snapshot %q is unreadable: %v: %w", sn.Name, err, errdefs.ErrFailedPrecondition) //nolint:errorlint // classified by the sentinel alone: err's own class must not leak
 	}
 	if sum != sn.Checksum {
 		return fmt.Errorf("snapshot %q is corrupted: checksum %s, recorded %s: %w", sn.Name, sum, sn.Checksum, errdefs.ErrFailedPrecondition)

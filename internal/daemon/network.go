@@ -48,7 +48,7 @@ func networkConfig(cfg *Config) (network.Config, error) {
 	if cfg.Subnet != "" {
 		p, err := netip.ParsePrefix(cfg.Subnet)
 		if err != nil {
-			return nc, fmt.Errorf("--subnet %q: %v: %w", cfg.Subnet, err, errdefs.ErrInvalidArgument)
+			return nc, fmt.Errorf("--subnet %q: %v: %w", cfg.Subnet, err, errdefs.ErrInvalidArgument) //nolint:errorlint // classified by the sentinel alone: err's own class must not leak
 		}
 		nc.Subnet = p
 	}
@@ -215,7 +215,7 @@ func (d *Daemon) planNetwork(eng engine.Engine, policy string, allow []string, p
 	}
 	if p.policy != network.PolicyNone {
 		if _, err := d.networks(); err != nil {
-			return p, fmt.Errorf("network policy %s: sandbox networking is unavailable on this daemon: %v: %w", p.policy, err, errdefs.ErrUnavailable)
+			return p, fmt.Errorf("network policy %s: sandbox networking is unavailable on this daemon: %v: %w", p.policy, err, errdefs.ErrUnavailable) //nolint:errorlint // classified by the sentinel alone: err's own class must not leak
 		}
 	}
 	return p, nil

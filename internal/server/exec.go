@@ -198,7 +198,7 @@ func (s *server) execWS(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err := json.Unmarshal(msg, &req); err != nil {
-		fail(fmt.Errorf("decoding exec request: %v: %w", err, errdefs.ErrInvalidArgument))
+		fail(fmt.Errorf("decoding exec request: %v: %w", err, errdefs.ErrInvalidArgument)) //nolint:errorlint // classified by the sentinel alone: err's own class must not leak
 		return
 	}
 	stdio := client.Stdio{

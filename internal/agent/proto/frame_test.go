@@ -34,7 +34,7 @@ func TestRoundTrip(t *testing.T) {
 		if got.Type != f.Type || got.Channel != f.Channel || !bytes.Equal(got.Payload, f.Payload) {
 			t.Errorf("Decode = %v, want %v", got, f)
 		}
-		if _, _, err := Decode(b[:len(b)-1]); err != ErrShort {
+		if _, _, err := Decode(b[:len(b)-1]); !errors.Is(err, ErrShort) {
 			t.Errorf("Decode(truncated %v) err = %v, want ErrShort", f, err)
 		}
 	}
@@ -92,7 +92,7 @@ func TestReaderResync(t *testing.T) {
 						t.Fatalf("chunk %d: frame %d = %v, want %v", chunk, i, got, want)
 					}
 				}
-				if _, err := r.ReadFrame(); err != io.EOF {
+				if _, err := r.ReadFrame(); !errors.Is(err, io.EOF) {
 					t.Errorf("chunk %d: after frames err = %v, want EOF", chunk, err)
 				}
 				if got := r.Skipped() > 0; got != tc.skipped {
@@ -184,7 +184,7 @@ func FuzzDecode(f *testing.F) {
 			if !bytes.Equal(re, b[:n]) {
 				t.Fatalf("re-encoding differs: %x vs %x", re, b[:n])
 			}
-		} else if err != ErrShort && err != ErrCorrupt {
+		} else if !errors.Is(err, ErrShort) && !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("Decode err = %v", err)
 		}
 		// The stream reader never panics, and every frame it yields is valid.

@@ -173,11 +173,11 @@ func New(cfg Config) (*Engine, error) {
 	}
 	out, err := exec.Command(cfg.Runsc, "--version").CombinedOutput()
 	if err != nil {
-		return nil, fmt.Errorf("gvisor engine: running %s --version: %v: %s: %w", cfg.Runsc, err, bytes.TrimSpace(out), errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("gvisor engine: running %s --version: %v: %s: %w", cfg.Runsc, err, bytes.TrimSpace(out), errdefs.ErrUnavailable) //nolint:errorlint // classified by the sentinel alone: err's own class must not leak
 	}
 	sum, err := fileSHA256(cfg.Runsc)
 	if err != nil {
-		return nil, fmt.Errorf("gvisor engine: hashing runsc: %v: %w", err, errdefs.ErrUnavailable)
+		return nil, fmt.Errorf("gvisor engine: hashing runsc: %v: %w", err, errdefs.ErrUnavailable) //nolint:errorlint // classified by the sentinel alone: err's own class must not leak
 	}
 	e := &Engine{
 		cfg:       cfg,
@@ -271,7 +271,7 @@ func runscError(op string, err error, stderr []byte) error {
 	if msg == "" {
 		return fmt.Errorf("runsc %s: %w", op, err)
 	}
-	return fmt.Errorf("runsc %s: %v: %s", op, err, msg)
+	return fmt.Errorf("runsc %s: %v: %s", op, err, msg) //nolint:errorlint // with stderr, the message is the error; the exit status is not matched on
 }
 
 // globalFlags are the flags before runsc's subcommand. The overlay's file
