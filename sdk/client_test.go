@@ -17,9 +17,9 @@ import (
 	"github.com/k7-dev/k7/sdk/sdktest"
 )
 
-func newClient(t *testing.T, srv *sdktest.Server, opts ...sdk.Option) *sdk.Client {
+func newClient(t *testing.T, srv *sdktest.Server) *sdk.Client {
 	t.Helper()
-	c, err := sdk.New(srv.Host, opts...)
+	c, err := sdk.New(srv.Host)
 	if err != nil {
 		t.Fatal(err)
 	}

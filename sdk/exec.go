@@ -117,7 +117,7 @@ func (c *Client) StartExec(ctx context.Context, id string, req v1.ExecRequest, s
 	if c.token != "" {
 		opts.HTTPHeader.Set("Authorization", "Bearer "+c.token)
 	}
-	conn, resp, err := websocket.Dial(ctx, c.url("/v1/sandboxes/"+pathID(id)+"/exec/ws", nil), opts)
+	conn, resp, err := websocket.Dial(ctx, c.url("/v1/sandboxes/"+pathID(id)+"/exec/ws", nil), opts) //nolint:bodyclose // on failure Dial closes the body and hands back a buffered copy; on success the body is the connection
 	if err != nil {
 		if resp != nil && resp.StatusCode != http.StatusSwitchingProtocols && resp.Body != nil {
 			return nil, errorFromResponse(resp)

@@ -112,7 +112,9 @@ func TestErrors(t *testing.T) {
 				t.Errorf("exit code = %d, want %d", code, tc.wantCode)
 			}
 			if tc.name == "prune not confirmed" { // the prompt comes first
-				errs = errs[strings.Index(errs, "k7: "):]
+				if i := strings.Index(errs, "k7: "); i >= 0 {
+					errs = errs[i:]
+				}
 			}
 			oneErrorLine(t, errs, tc.wantErr)
 			if out != "" {

@@ -12,7 +12,7 @@ import (
 // returns its exit code; cmd/k7d runs the same function.
 var daemonMain = daemon.Main
 
-func newDaemonCmd(g *globals) *cobra.Command {
+func newDaemonCmd() *cobra.Command {
 	return &cobra.Command{
 		Use:   "daemon [flags]",
 		Short: "Run the k7d node daemon in the foreground",

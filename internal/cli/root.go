@@ -173,7 +173,7 @@ http(s):// host the bearer token is read from $K7_TOKEN.`,
 		newRestoreCmd(g),
 		newTreeCmd(g),
 		newBenchCmd(g),
-		newDaemonCmd(g),
+		newDaemonCmd(),
 	)
 	return root
 }

@@ -258,6 +258,7 @@ func TestLifecycle(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusNoContent {
 		t.Fatalf("PUT file = %v %v", resp, err)
 	}
+	resp.Body.Close()
 	resp, err = h.hc.Get("http://k7d/v1/sandboxes/web/files?path=/tmp/a.txt")
 	if err != nil {
 		t.Fatal(err)
@@ -554,7 +555,7 @@ func TestExecWebSocket(t *testing.T) {
 	defer cancel()
 	dial := func(req v1.ExecRequest) *websocket.Conn {
 		t.Helper()
-		c, _, err := websocket.Dial(ctx, "ws://k7d/v1/sandboxes/ws/exec/ws", &websocket.DialOptions{HTTPClient: h.hc})
+		c, _, err := websocket.Dial(ctx, "ws://k7d/v1/sandboxes/ws/exec/ws", &websocket.DialOptions{HTTPClient: h.hc}) //nolint:bodyclose // websocket.Dial closes the handshake body itself
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -622,7 +623,7 @@ func TestExecWebSocket(t *testing.T) {
 	c.CloseNow()
 
 	// Unknown sandbox: plain 404 before the upgrade.
-	_, resp, err := websocket.Dial(ctx, "ws://k7d/v1/sandboxes/nope/exec/ws", &websocket.DialOptions{HTTPClient: h.hc})
+	_, resp, err := websocket.Dial(ctx, "ws://k7d/v1/sandboxes/nope/exec/ws", &websocket.DialOptions{HTTPClient: h.hc}) //nolint:bodyclose // websocket.Dial closes the handshake body itself
 	if err == nil || resp == nil || resp.StatusCode != 404 {
 		t.Errorf("ws to unknown sandbox: %v %v, want 404", resp, err)
 	}

@@ -317,7 +317,6 @@ type testProcess struct {
 	done   chan struct{}
 	status client.ExitStatus
 	kill   chan int
-	once   sync.Once
 }
 
 func (p *testProcess) PID() int { return p.pid }

@@ -242,7 +242,7 @@ func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []stri
 				}
 				rreq.Netns = att.NetnsPath
 			}
-			_, err := d.bringUp(ctx, sbs[i], spec.engine, rec, func(ctx context.Context) error { return spec.forker.Restore(ctx, rreq) }, true, dnsFiles(att, rec.Hostname))
+			err := d.bringUp(ctx, sbs[i], spec.engine, rec, func(ctx context.Context) error { return spec.forker.Restore(ctx, rreq) }, true, dnsFiles(att, rec.Hostname))
 			if err != nil {
 				cctx, cancel := d.cleanupContext()
 				d.teardownNetwork(cctx, rec.ID, rec.Network)

@@ -90,16 +90,18 @@ func TestLogs(t *testing.T) {
 		t.Errorf("logs = %d %q", resp.StatusCode, b[:n])
 	}
 	// follow ends when the sandbox is deleted.
-	resp, err = h.hc.Get("http://k7d/v1/sandboxes/l/logs?follow=1")
+	fresp, err := h.hc.Get("http://k7d/v1/sandboxes/l/logs?follow=1")
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer fresp.Body.Close()
+	body := fresp.Body
 	done := make(chan string)
 	go func() {
 		var sb strings.Builder
 		buf := make([]byte, 100)
 		for {
-			n, err := resp.Body.Read(buf)
+			n, err := body.Read(buf)
 			sb.Write(buf[:n])
 			if err != nil {
 				done <- sb.String()

@@ -171,7 +171,7 @@ func (d *Daemon) CreateSandbox(ctx context.Context, req *v1.CreateSandboxRequest
 		}
 		creq.Netns = att.NetnsPath
 	}
-	_, err = d.bringUp(octx, sb, eng, rec, func(ctx context.Context) error { return eng.Create(ctx, creq) }, false, dnsFiles(att, rec.Hostname))
+	err = d.bringUp(octx, sb, eng, rec, func(ctx context.Context) error { return eng.Create(ctx, creq) }, false, dnsFiles(att, rec.Hostname))
 	d.metrics.ObserveOp("create", eng.Name(), time.Since(start), err)
 	if err != nil {
 		cctx, cancel := d.cleanupContext()
@@ -189,9 +189,8 @@ func (d *Daemon) CreateSandbox(ctx context.Context, req *v1.CreateSandboxRequest
 // connects its agent, configures the host name, writes files (the DNS
 // configuration) and records it running. On error everything is undone,
 // the record included, but not the sandbox's network (the caller's). With
-// ping, it returns when the agent answered its first ping, and how long
-// that took.
-func (d *Daemon) bringUp(ctx context.Context, sb *sandbox, eng engine.Engine, rec *store.Sandbox, start func(context.Context) error, ping bool, files map[string][]byte) (time.Duration, error) {
+// ping, it returns when the agent answered its first ping.
+func (d *Daemon) bringUp(ctx context.Context, sb *sandbox, eng engine.Engine, rec *store.Sandbox, start func(context.Context) error, ping bool, files map[string][]byte) error {
 	log := d.sbLog(rec.ID)
 	cu := cleanup{log: log}
 	defer func() {
@@ -202,7 +201,7 @@ func (d *Daemon) bringUp(ctx context.Context, sb *sandbox, eng engine.Engine, re
 	cu.add("delete record", func(context.Context) error { return d.store.DeleteSandbox(rec.ID, false) })
 	cu.add("delete engine sandbox", func(ctx context.Context) error { return eng.Delete(ctx, rec.ID) })
 	if err := step(ctx, log, "start", start); err != nil {
-		return 0, err
+		return err
 	}
 	var a Agent
 	if err := step(ctx, log, "connect agent", func(ctx context.Context) error {
@@ -210,32 +209,30 @@ func (d *Daemon) bringUp(ctx context.Context, sb *sandbox, eng engine.Engine, re
 		a, err = d.connect(ctx, eng, rec.ID)
 		return err
 	}); err != nil {
-		return 0, err
+		return err
 	}
 	cu.add("close agent", func(context.Context) error { return a.Close() })
 	if err := step(ctx, log, "configure", func(ctx context.Context) error { return a.Configure(ctx, rec.Hostname) }); err != nil {
-		return 0, err
+		return err
 	}
 	if len(files) > 0 {
 		_ = step(ctx, log, "dns files", func(ctx context.Context) error { d.writeDNS(ctx, a, rec.ID, files); return nil })
 	}
-	var rtt time.Duration
 	if ping {
 		if err := step(ctx, log, "ping", func(ctx context.Context) error {
-			var err error
-			rtt, err = a.Ping(ctx)
+			_, err := a.Ping(ctx)
 			return err
 		}); err != nil {
-			return 0, err
+			return err
 		}
 	}
 	rec.State = v1.StateRunning
 	if err := d.store.UpdateSandbox(rec); err != nil {
-		return 0, err
+		return err
 	}
 	cu.release()
 	d.attach(sb, a)
-	return rtt, nil
+	return nil
 }
 
 // connect opens the agent stream of id and handshakes.

@@ -62,9 +62,10 @@ func (e *precreatingEngine) spares() []string {
 	return slices.Sorted(maps.Keys(e.pre))
 }
 
-// waitSpares polls until the engine holds n pre-created sandboxes.
-func waitSpares(t *testing.T, e *precreatingEngine, n int) []string {
+// waitSpares polls until the engine holds one pre-created sandbox.
+func waitSpares(t *testing.T, e *precreatingEngine) []string {
 	t.Helper()
+	const n = 1
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ids := e.spares()
@@ -102,7 +103,7 @@ func TestForkSpare(t *testing.T) {
 		return res
 	}
 	fork(v1.ForkRequest{})
-	spare := waitSpares(t, eng, 1)[0]
+	spare := waitSpares(t, eng)[0]
 	if !nets.has(spare) {
 		t.Errorf("spare %s has no network", spare)
 	}
@@ -141,7 +142,7 @@ func TestForkSpare(t *testing.T) {
 	}
 
 	// A fork whose network differs from the spare's does not take it.
-	spare = waitSpares(t, eng, 1)[0]
+	spare = waitSpares(t, eng)[0]
 	res = fork(v1.ForkRequest{Ports: []v1.Port{{Port: 9090}}})
 	if got := res.Children[0].Sandbox.ID; got == spare {
 		t.Errorf("a fork publishing other ports took the spare")
@@ -149,7 +150,7 @@ func TestForkSpare(t *testing.T) {
 	if res.Children[0].Sandbox.Ports[0].Port != 9090 {
 		t.Errorf("child ports %+v, want 9090", res.Children[0].Sandbox.Ports)
 	}
-	spare = waitSpares(t, eng, 1)[0]
+	spare = waitSpares(t, eng)[0]
 	if nets.has(res.Children[0].Sandbox.ID) == false {
 		t.Errorf("child has no network")
 	}
@@ -169,7 +170,7 @@ func TestForkSpare(t *testing.T) {
 			t.Fatalf("fork child: %d %+v", code, e)
 		}
 	}
-	spare = waitSpares(t, eng, 1)[0]
+	spare = waitSpares(t, eng)[0]
 	h.stop()
 	if eng.has(spare) || nets.has(spare) {
 		t.Errorf("spare %s left after shutdown: engine %v, network %v", spare, eng.has(spare), nets.has(spare))

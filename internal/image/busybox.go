@@ -55,7 +55,7 @@ func (s *Store) ensureBusybox(ctx context.Context) (*v1.Image, error) {
 	sum := sha256.Sum256(layer)
 	id := "sha256:" + hex.EncodeToString(sum[:])
 	m := meta{Env: []string{DefaultPath}, Cmd: []string{"/bin/sh"}, WorkDir: "/"}
-	img, _, err := s.ensure(ctx, id, []string{BusyboxRef}, m, func(ctx context.Context, dst string) (int64, error) {
+	img, err := s.ensure(ctx, id, []string{BusyboxRef}, m, func(ctx context.Context, dst string) (int64, error) {
 		l, err := tarball.LayerFromOpener(func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(layer)), nil })
 		if err != nil {
 			return 0, err

@@ -160,7 +160,7 @@ func (s *Store) importArchive(ctx context.Context, r io.Reader, refName string, 
 	if len(m.Cmd) == 0 {
 		m.Cmd = nil
 	}
-	out, _, err := s.ensure(ctx, cfgName.String(), refs, m, func(ctx context.Context, dst string) (int64, error) {
+	out, err := s.ensure(ctx, cfgName.String(), refs, m, func(ctx context.Context, dst string) (int64, error) {
 		return unpackLayers(ctx, layers, dst, s.log)
 	})
 	if err != nil {
@@ -184,7 +184,7 @@ func (s *Store) importRootfs(ctx context.Context, opener tarball.Opener, refs []
 		return nil, fmt.Errorf("reading rootfs tarball: %w: %w", errdefs.ErrInvalidArgument, err)
 	}
 	m := meta{Env: []string{DefaultPath}, Cmd: []string{"/bin/sh"}}
-	out, _, err := s.ensure(ctx, diffID.String(), refs, m, func(ctx context.Context, dst string) (int64, error) {
+	out, err := s.ensure(ctx, diffID.String(), refs, m, func(ctx context.Context, dst string) (int64, error) {
 		return unpackLayers(ctx, []ggcrv1.Layer{layer}, dst, s.log)
 	})
 	if err != nil {

@@ -117,7 +117,7 @@ func (s *Store) pull(ctx context.Context, ref, norm string, nopts []name.Option,
 	if len(m.Cmd) == 0 {
 		m.Cmd = nil
 	}
-	out, _, err := s.ensure(ctx, id, []string{norm}, m, func(ctx context.Context, dst string) (int64, error) {
+	out, err := s.ensure(ctx, id, []string{norm}, m, func(ctx context.Context, dst string) (int64, error) {
 		counted := make([]ggcrv1.Layer, len(layers))
 		for i, l := range layers {
 			cl, err := partial.CompressedToLayer(&countingLayer{l: l, p: progress})

@@ -414,12 +414,11 @@ type meta struct {
 
 // ensure makes sure image id is unpacked and indexed, calling unpack (into a
 // fresh dir) only when it is not, at most once at a time per id; then it
-// points refs at it (taking them from any other image). It reports whether
-// it unpacked.
-func (s *Store) ensure(ctx context.Context, id string, refs []string, m meta, unpack func(ctx context.Context, dst string) (int64, error)) (*v1.Image, bool, error) {
+// points refs at it (taking them from any other image).
+func (s *Store) ensure(ctx context.Context, id string, refs []string, m meta, unpack func(ctx context.Context, dst string) (int64, error)) (*v1.Image, error) {
 	unlock, err := s.lock(ctx, id)
 	if err != nil {
-		return nil, false, err
+		return nil, err
 	}
 	defer unlock()
 
@@ -427,33 +426,31 @@ func (s *Store) ensure(ctx context.Context, id string, refs []string, m meta, un
 	_, have := s.images[id]
 	s.mu.Unlock()
 
-	unpacked := false
 	var size int64
 	if !have {
 		tmp, err := os.MkdirTemp(s.tmpDir(), "unpack-")
 		if err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		defer os.RemoveAll(tmp)
 		dst := filepath.Join(tmp, "rootfs")
 		if err := os.Mkdir(dst, 0o755); err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		start := time.Now()
 		size, err = unpack(ctx, dst)
 		if err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		if err := syncDir(dst); err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		final := s.rootfsDir(id)
 		_ = os.RemoveAll(final) // an orphan Open would have removed
 		if err := os.Rename(dst, final); err != nil {
-			return nil, false, err
+			return nil, err
 		}
 		s.unpacks.Add(1)
-		unpacked = true
 		s.log.Info("unpacked image", "image", id, "size_bytes", size, "took", time.Since(start))
 	}
 
@@ -479,9 +476,9 @@ func (s *Store) ensure(ctx context.Context, id string, refs []string, m meta, un
 		}
 	}
 	if err := s.saveLocked(); err != nil {
-		return nil, unpacked, err
+		return nil, err
 	}
-	return r.wire(), unpacked, nil
+	return r.wire(), nil
 }
 
 func syncDir(dir string) error {

@@ -141,9 +141,7 @@ func (m *Manager) Setup(ctx context.Context, req Request) (_ *Attachment, retErr
 		for _, p := range proxies {
 			p.close()
 		}
-		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-		defer cancel()
-		if err := m.removeNet(cctx, req.ID, rec); err != nil {
+		if err := m.removeNet(req.ID, rec); err != nil {
 			log.Warn("cleaning up failed network setup", "err", err)
 		}
 		m.mu.Lock()
@@ -422,7 +420,7 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 	for _, p := range ps {
 		p.close()
 	}
-	if err := m.removeNet(ctx, id, rec); err != nil {
+	if err := m.removeNet(id, rec); err != nil {
 		return fmt.Errorf("tearing down network of sandbox %q: %w", id, err)
 	}
 	m.mu.Lock()
@@ -435,7 +433,7 @@ func (m *Manager) Teardown(ctx context.Context, id string) error {
 }
 
 // removeNet deletes id's host veth and namespaces. rec may be nil.
-func (m *Manager) removeNet(ctx context.Context, id string, rec *record) error {
+func (m *Manager) removeNet(id string, rec *record) error {
 	var errs []error
 	var names []string
 	if rec != nil && rec.HostIf != "" {

@@ -20,10 +20,10 @@ func ifname(n string) []byte {
 	return b
 }
 
-func matchIif(name string, op expr.CmpOp) []expr.Any {
+func matchIif(name string) []expr.Any {
 	return []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: 1},
-		&expr.Cmp{Op: op, Register: 1, Data: ifname(name)},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: ifname(name)},
 	}
 }
 
@@ -135,8 +135,8 @@ func hostRules(prefix, bridge string, subnet netip.Prefix) error {
 	accept := nftables.ChainPolicyAccept
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &accept})
-	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(matchIif(bridge, expr.CmpOpEq), ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})})
-	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(matchIif(bridge, expr.CmpOpEq), []expr.Any{verdict(expr.VerdictDrop)})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(matchIif(bridge), ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(matchIif(bridge), []expr.Any{verdict(expr.VerdictDrop)})})
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPostrouting, Priority: nftables.ChainPriorityNATSource})
 	c.AddRule(&nftables.Rule{Table: t, Chain: post, Exprs: cat(matchAddr(true, subnet), matchOif(bridge, expr.CmpOpNeq), []expr.Any{&expr.Masq{}})})
@@ -169,7 +169,7 @@ func routerRules(ns netns.NsHandle, s routerSpec) error {
 
 	pre := c.AddChain(&nftables.Chain{Name: "prerouting", Table: t, Type: nftables.ChainTypeNAT,
 		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
-	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: cat(matchIif(upIf, expr.CmpOpEq),
+	c.AddRule(&nftables.Rule{Table: t, Chain: pre, Exprs: cat(matchIif(upIf),
 		matchAddr(false, netip.PrefixFrom(s.outer, 32)), nat(expr.NATTypeDestNAT, s.inner))})
 
 	post := c.AddChain(&nftables.Chain{Name: "postrouting", Table: t, Type: nftables.ChainTypeNAT,
@@ -180,17 +180,17 @@ func routerRules(ns netns.NsHandle, s routerSpec) error {
 	in := c.AddChain(&nftables.Chain{Name: "input", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityFilter, Policy: &drop})
 	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})})
-	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(matchIif("lo", expr.CmpOpEq), []expr.Any{verdict(expr.VerdictAccept)})})
+	c.AddRule(&nftables.Rule{Table: t, Chain: in, Exprs: cat(matchIif("lo"), []expr.Any{verdict(expr.VerdictAccept)})})
 
 	fwd := c.AddChain(&nftables.Chain{Name: "forward", Table: t, Type: nftables.ChainTypeFilter,
 		Hooknum: nftables.ChainHookForward, Priority: nftables.ChainPriorityFilter, Policy: &drop})
 	c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(ctEstablished(), []expr.Any{verdict(expr.VerdictAccept)})})
 	for _, p := range s.ports {
-		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(matchIif(upIf, expr.CmpOpEq), matchOif(gwIf, expr.CmpOpEq),
+		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(matchIif(upIf), matchOif(gwIf, expr.CmpOpEq),
 			matchAddr(false, netip.PrefixFrom(s.inner, 32)), matchL4(unix.IPPROTO_TCP, p.Port), []expr.Any{verdict(expr.VerdictAccept)})})
 	}
 	if s.policy == PolicyEgress {
-		out := cat(matchIif(gwIf, expr.CmpOpEq), matchOif(upIf, expr.CmpOpEq), matchAddr(true, netip.PrefixFrom(s.inner, 32)))
+		out := cat(matchIif(gwIf), matchOif(upIf, expr.CmpOpEq), matchAddr(true, netip.PrefixFrom(s.inner, 32)))
 		c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(out, matchAddr(false, s.subnet), []expr.Any{verdict(expr.VerdictDrop)})})
 		if len(s.allow) == 0 {
 			c.AddRule(&nftables.Rule{Table: t, Chain: fwd, Exprs: cat(out, []expr.Any{verdict(expr.VerdictAccept)})})

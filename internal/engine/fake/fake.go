@@ -121,10 +121,10 @@ type sandbox struct {
 
 // Create starts an in-process agent over a fresh sandbox dir.
 func (e *Engine) Create(ctx context.Context, req *engine.CreateRequest) error {
-	return e.start(ctx, req, "")
+	return e.start(req, "")
 }
 
-func (e *Engine) start(ctx context.Context, req *engine.CreateRequest, from string) (err error) {
+func (e *Engine) start(req *engine.CreateRequest, from string) (err error) {
 	if !idRE.MatchString(req.ID) {
 		return fmt.Errorf("sandbox id %q: %w", req.ID, errdefs.ErrInvalidArgument)
 	}
@@ -482,5 +482,5 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) error 
 	if v := strings.TrimSpace(string(b)); v != Version {
 		return fmt.Errorf("restoring sandbox %q: capture made by engine version %q, this is %q: %w", req.ID, v, Version, errdefs.ErrFailedPrecondition)
 	}
-	return e.start(ctx, &req.CreateRequest, req.From)
+	return e.start(&req.CreateRequest, req.From)
 }
