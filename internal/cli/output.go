@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -8,7 +9,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	v1 "github.com/k7-dev/k7/api/v1"
+	"github.com/k7-dev/k7/sdk"
 )
 
 // printJSON writes v as indented JSON.
@@ -81,6 +85,24 @@ func humanBytes(n int64) string {
 // humanNS renders a nanosecond duration.
 func humanNS(ns int64) string {
 	return time.Duration(ns).Round(time.Microsecond).String()
+}
+
+// eachOp returns the RunE of a command that applies op to every sandbox
+// argument (pause, resume, rm), printing each result.
+func eachOp(g *globals, op func(ctx context.Context, c *sdk.Client, id string) (*v1.OpResult, error)) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := g.client()
+		if err != nil {
+			return err
+		}
+		return forEach(g, args, func(id string) error {
+			r, err := op(ctxOf(cmd), c, id)
+			if err != nil {
+				return err
+			}
+			return printOp(g, r)
+		})
+	}
 }
 
 // printOp prints the result of an operation on one sandbox: its ID, or the

@@ -1,7 +1,12 @@
 package cli
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
+
+	v1 "github.com/k7-dev/k7/api/v1"
+	"github.com/k7-dev/k7/sdk"
 )
 
 func newPauseCmd(g *globals) *cobra.Command {
@@ -12,18 +17,8 @@ func newPauseCmd(g *globals) *cobra.Command {
 		Example: `  k7 pause web
   k7 pause $(k7 ls -q)`,
 		Args: usageArgs(cobra.MinimumNArgs(1)),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			return forEach(g, args, func(id string) error {
-				r, err := c.PauseSandbox(ctxOf(cmd), id)
-				if err != nil {
-					return err
-				}
-				return printOp(g, r)
-			})
-		},
+		RunE: eachOp(g, func(ctx context.Context, c *sdk.Client, id string) (*v1.OpResult, error) {
+			return c.PauseSandbox(ctx, id)
+		}),
 	}
 }

@@ -1,7 +1,12 @@
 package cli
 
 import (
+	"context"
+
 	"github.com/spf13/cobra"
+
+	v1 "github.com/k7-dev/k7/api/v1"
+	"github.com/k7-dev/k7/sdk"
 )
 
 func newRmCmd(g *globals) *cobra.Command {
@@ -13,21 +18,11 @@ func newRmCmd(g *globals) *cobra.Command {
 when its engine fails to stop it cleanly. Prints each ID removed; a failure
 for one sandbox does not stop the others, but makes the exit code 1.`,
 		Example: `  k7 rm web
-  k7 rm -f $(k7 ls -aq)`,
+  k7 rm -f $(k7 ls -q)`,
 		Args: usageArgs(cobra.MinimumNArgs(1)),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.client()
-			if err != nil {
-				return err
-			}
-			return forEach(g, args, func(id string) error {
-				r, err := c.DeleteSandbox(ctxOf(cmd), id, force)
-				if err != nil {
-					return err
-				}
-				return printOp(g, r)
-			})
-		},
+		RunE: eachOp(g, func(ctx context.Context, c *sdk.Client, id string) (*v1.OpResult, error) {
+			return c.DeleteSandbox(ctx, id, force)
+		}),
 	}
 	cmd.Flags().BoolVarP(&force, "force", "f", false, "remove even if the engine fails to stop the sandbox")
 	return cmd
