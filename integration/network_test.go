@@ -550,3 +550,31 @@ func summary(ds []time.Duration) string {
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// TestNetworkTwoDaemonsSideBySide: two daemons with their own state dirs
+// network on one host at once: their sandboxes get distinct host-side
+// addresses (each daemon has its own bridge and subnet), they
+// answer on their own published ports, a sandbox of one cannot
+// reach the other's, and cleaning one up leaves the other working.
+func TestNetworkTwoDaemonsSideBySide(t *testing.T) {
+	a, b := startDaemon(t), startDaemon(t)
+	sa := a.create("-p", "8080")
+	sb := b.create("-p", "8080")
+	a.startHttpd(sa, "from-a")
+	b.startHttpd(sb, "from-b")
+	ia, ib := a.inspect(sa), b.inspect(sb)
+	if len(ia.Ports) != 1 || len(ib.Ports) != 1 || ia.Ports[0].HostPort == ib.Ports[0].HostPort {
+		t.Fatalf("published ports: a %+v, b %+v; want one each, on different host ports", ia.Ports, ib.Ports)
+	}
+	waitPage(t, ia.Ports[0].HostPort, "from-a", 10*time.Second)
+	waitPage(t, ib.Ports[0].HostPort, "from-b", 10*time.Second)
+	if ia.Network == nil || ib.Network == nil || ia.Network.Outer == "" || ia.Network.Outer == ib.Network.Outer {
+		t.Fatalf("host-side addresses: a %+v, b %+v; want distinct", ia.Network, ib.Network)
+	}
+	if a.reaches(sa, "http://"+ib.Network.Outer+":8080/", "from-b") {
+		t.Errorf("a sandbox of daemon a reaches daemon b's sandbox at %s", ib.Network.Outer)
+	}
+	// Removing daemon a's sandbox (and its network) leaves b's answering.
+	a.must("rm", "-f", sa)
+	waitPage(t, ib.Ports[0].HostPort, "from-b", 10*time.Second)
+}
