@@ -223,14 +223,19 @@ func eventually(t *testing.T, timeout time.Duration, f func() error) {
 	}
 }
 
-// counter reads /tmp/counter in a sandbox.
+// counter reads /tmp/counter in a sandbox. The loop rewrites the file with
+// "echo $i > /tmp/counter" (the issue's own command), so a read can land
+// between the truncation and the write: an empty read is retried.
 func (d *daemon) counter(id string) int {
 	d.t.Helper()
 	var n int
-	s := strings.TrimSpace(d.execOut(id, "cat", "/tmp/counter"))
-	if _, err := fmt.Sscan(s, &n); err != nil {
-		d.t.Fatalf("reading counter of %s: %q: %v", id, s, err)
-	}
+	eventually(d.t, 2*time.Second, func() error {
+		s := strings.TrimSpace(d.execOut(id, "cat", "/tmp/counter"))
+		if _, err := fmt.Sscan(s, &n); err != nil {
+			return fmt.Errorf("reading counter of %s: %q: %w", id, s, err)
+		}
+		return nil
+	})
 	return n
 }
 
