@@ -83,15 +83,8 @@ func started(t *testing.T, ctx context.Context, e *Engine, rootfs string, res en
 		t.Fatalf("Create: %v", err)
 	}
 	t.Cleanup(func() { _ = e.Delete(context.Background(), id) })
-	rw, err := e.Connect(ctx, id)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c := client.New(rw)
+	c := connectTB(t, ctx, e, id)
 	t.Cleanup(func() { _ = c.Close() })
-	if _, err := c.Handshake(ctx); err != nil {
-		t.Fatalf("Handshake: %v", err)
-	}
 	return id, c
 }
 

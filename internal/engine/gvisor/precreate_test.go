@@ -59,15 +59,8 @@ func TestPrecreate(t *testing.T) {
 	t.Cleanup(func() { _ = e.Delete(context.Background(), parent) })
 	connect := func(id string) *client.Client {
 		t.Helper()
-		rw, err := e.Connect(ctx, id)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := client.New(rw)
+		c := connectTB(t, ctx, e, id)
 		t.Cleanup(func() { _ = c.Close() })
-		if _, err := c.Handshake(ctx); err != nil {
-			t.Fatalf("Handshake: %v", err)
-		}
 		return c
 	}
 	execOut(t, ctx, connect(parent), "sh", "-c", "echo parent > /tmp/m")
