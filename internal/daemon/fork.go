@@ -111,6 +111,18 @@ type childSpec struct {
 	spare *spare
 }
 
+// childCount validates the number of children a fork or restore asks for
+// (0 means 1).
+func childCount(op string, n int) (int, error) {
+	if n == 0 {
+		return 1, nil
+	}
+	if n < 0 || n > maxChildren {
+		return 0, fmt.Errorf("%s count %d: want 1 to %d: %w", op, n, maxChildren, errdefs.ErrInvalidArgument)
+	}
+	return n, nil
+}
+
 // childRootfs resolves the image of a fork or restore child: by reference
 // first, then by the recorded image ID.
 func (d *Daemon) childRootfs(ctx context.Context, image, imageID string) (*v1.Image, string, error) {
@@ -305,12 +317,9 @@ func (d *Daemon) checkpointLocked(ctx context.Context, rec *store.Sandbox, eng e
 // parent. A fork that fails leaves no child behind.
 func (d *Daemon) Fork(ctx context.Context, ref string, req *v1.ForkRequest) (*v1.ForkResult, error) {
 	start := time.Now()
-	count := req.Count
-	if count == 0 {
-		count = 1
-	}
-	if count < 0 || count > maxChildren {
-		return nil, fmt.Errorf("fork count %d: want 1 to %d: %w", req.Count, maxChildren, errdefs.ErrInvalidArgument)
+	count, err := childCount("fork", req.Count)
+	if err != nil {
+		return nil, err
 	}
 	if r, err := d.store.FindSandbox(ref); err == nil {
 		d.waitSpare(ctx, r.ID)
@@ -566,12 +575,9 @@ func (d *Daemon) verifySnapshot(sn *store.Snapshot) error {
 // it (named req.Name for one, else PREFIX-i; default <snapshot>-restore-<n>).
 func (d *Daemon) RestoreSnapshot(ctx context.Context, name string, req *v1.RestoreRequest) (*v1.ForkResult, error) {
 	start := time.Now()
-	count := req.Count
-	if count == 0 {
-		count = 1
-	}
-	if count < 0 || count > maxChildren {
-		return nil, fmt.Errorf("restore count %d: want 1 to %d: %w", req.Count, maxChildren, errdefs.ErrInvalidArgument)
+	count, err := childCount("restore", req.Count)
+	if err != nil {
+		return nil, err
 	}
 	sn, err := d.store.GetSnapshot(name)
 	if err != nil {
