@@ -166,8 +166,9 @@ func findRunsc() string {
 	return ""
 }
 
-// findAgent resolves the default k7-agent binary (see Config.Agent).
-func findAgent() string {
+// FindAgent resolves the default k7-agent binary (see Config.Agent): next to
+// this executable, else in PATH; "" when there is none.
+func FindAgent() string {
 	if exe, err := os.Executable(); err == nil {
 		if p := filepath.Join(filepath.Dir(exe), "k7-agent"); isExec(p) {
 			return p

@@ -87,7 +87,7 @@ func ParseFlags(args []string, stderr io.Writer) (Config, error) {
 		cfg.Runsc = findRunsc()
 	}
 	if cfg.Agent == "" {
-		cfg.Agent = findAgent()
+		cfg.Agent = FindAgent()
 	}
 	cfg.Token = os.Getenv("K7_TOKEN")
 	if cfg.TokenFile != "" {
