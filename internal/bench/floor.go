@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -23,6 +24,8 @@ type floor struct {
 	runsc, rootfs, dir string
 	seq                int
 }
+
+func (f *floor) name() string { return "raw runsc" }
 
 // close unmounts the empty network namespace runsc pins under its root for
 // --network=none, so that the scratch directory can be removed.
@@ -104,6 +107,35 @@ func (f *floor) exec(ctx context.Context, id string, args ...string) error {
 	return f.cmd(ctx, append([]string{"exec", id}, args...)...)
 }
 
+// timeFork measures a fork on a floor: capture, then n concurrent restores
+// that each answer an exec. It records op and, for fork_idle, how long the
+// capture paused the source.
+func timeFork(op budget.Op, n int, record recordFunc, capture func() (string, time.Duration, error), restore func(image string) error) error {
+	start := time.Now()
+	image, pause, err := capture()
+	if err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[i] = restore(image)
+		}()
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("%s: %w", op, err)
+	}
+	record(op, KindFloor, time.Since(start))
+	if op == budget.ForkIdle {
+		record(budget.SourcePause, KindFloor, pause)
+	}
+	return nil
+}
+
 // round measures one round of the floor operations.
 func (f *floor) round(ctx context.Context, rep int, record recordFunc) (err error) {
 	var ids []string
@@ -153,40 +185,18 @@ func (f *floor) round(ctx context.Context, rep int, record recordFunc) (err erro
 		return image, d, err
 	}
 	// fork = checkpoint --leave-running + n × (restore + first exec)
+	var mu sync.Mutex
 	fork := func(src string, op budget.Op, n int) error {
-		start := time.Now()
-		image, pause, err := capture(src)
-		if err != nil {
-			return err
-		}
-		var mu sync.Mutex
-		var wg sync.WaitGroup
-		errs := make([]error, n)
-		for i := range n {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				child, err := f.restore(ctx, image)
-				mu.Lock()
-				ids = append(ids, child)
-				mu.Unlock()
-				if err == nil {
-					err = f.exec(ctx, child, "/bin/true")
-				}
-				errs[i] = err
-			}()
-		}
-		wg.Wait()
-		for _, err := range errs {
+		return timeFork(op, n, record, func() (string, time.Duration, error) { return capture(src) }, func(image string) error {
+			child, err := f.restore(ctx, image)
+			mu.Lock()
+			ids = append(ids, child)
+			mu.Unlock()
 			if err != nil {
-				return fmt.Errorf("%s: %w", op, err)
+				return err
 			}
-		}
-		record(op, KindFloor, time.Since(start))
-		if op == budget.ForkIdle {
-			record(budget.SourcePause, KindFloor, pause)
-		}
-		return nil
+			return f.exec(ctx, child, "/bin/true")
+		})
 	}
 	if err := fork(id, budget.ForkIdle, 1); err != nil {
 		return err

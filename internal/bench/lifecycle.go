@@ -18,10 +18,16 @@ type Config struct {
 	Engines []string // engines to measure through k7d, default gvisor
 	Reps    int      // measured repetitions, default 5
 	Warmup  int      // unmeasured repetitions first, default 1
-	// Runsc and Rootfs enable the raw-runsc floor: the runsc binary and a
-	// busybox root filesystem. Empty Runsc skips the floor.
-	Runsc, Rootfs string
-	// Dir is scratch space for the floor's bundles and captures.
+	// Runsc enables the raw-runsc floor of gvisor: the runsc binary. Empty
+	// skips that floor.
+	Runsc string
+	// Agent enables the raw-QEMU floor of qemu: the k7-agent binary put
+	// into the floor's initramfs (k7-vminit is taken from next to it).
+	// Empty skips that floor.
+	Agent string
+	// Rootfs is the busybox root filesystem of the floors' sandboxes.
+	Rootfs string
+	// Dir is scratch space for the floors' bundles, disks and captures.
 	Dir string
 	// Progress, when set, receives one line per step.
 	Progress io.Writer
@@ -44,9 +50,19 @@ func Lifecycle(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	r := &Report{Machine: Machine(), Command: cfg.Command, Started: time.Now(), Reps: cfg.Reps, Warmup: cfg.Warmup}
 	for _, engine := range cfg.Engines {
-		var fl *floor
-		if cfg.Runsc != "" && engine == "gvisor" {
+		var fl floorRunner
+		switch {
+		case engine == "gvisor" && cfg.Runsc != "":
 			fl = &floor{runsc: cfg.Runsc, rootfs: cfg.Rootfs, dir: cfg.Dir}
+		case engine == "qemu" && cfg.Agent != "":
+			cfg.progress("%s: preparing the raw QEMU floor", engine)
+			qf, err := newQEMUFloor(ctx, cfg.Agent, cfg.Rootfs, cfg.Dir)
+			if err != nil {
+				return r, fmt.Errorf("preparing the raw QEMU floor: %w", err)
+			}
+			fl = qf
+		}
+		if fl != nil {
 			defer fl.close()
 		}
 		for rep := -cfg.Warmup; rep < cfg.Reps; rep++ {
@@ -60,7 +76,7 @@ func Lifecycle(ctx context.Context, cfg Config) (*Report, error) {
 				return r, fmt.Errorf("k7 round %d on %s: %w", rep+1, engine, err)
 			}
 			if fl != nil {
-				cfg.progress("%s: round %d/%d (raw runsc)", engine, rep+1, cfg.Reps)
+				cfg.progress("%s: round %d/%d (%s)", engine, rep+1, cfg.Reps, fl.name())
 				if err := fl.round(ctx, rep, record); err != nil {
 					return r, fmt.Errorf("floor round %d: %w", rep+1, err)
 				}
@@ -74,6 +90,15 @@ func (cfg Config) progress(format string, args ...any) {
 	if cfg.Progress != nil {
 		fmt.Fprintf(cfg.Progress, format+"\n", args...)
 	}
+}
+
+// floorRunner is the raw tool's side of one engine.
+type floorRunner interface {
+	name() string
+	// round measures one round of the operations, recording KindFloor
+	// samples, and removes what it made.
+	round(ctx context.Context, rep int, record recordFunc) error
+	close()
 }
 
 type recordFunc func(op budget.Op, kind string, d time.Duration)

@@ -1,6 +1,6 @@
 // Package bench measures k7's lifecycle latencies next to the floor: the
-// same operations done with the raw tools (runsc) in the same run, so that a
-// reader sees k7's overhead and not only its time.
+// same operations done with the raw tools (runsc; QEMU and QMP) in the same
+// run, so that a reader sees k7's overhead and not only its time.
 //
 // A run writes its raw samples as JSON (Report) and renders a Markdown table:
 // median (min–max) per operation, ⚠ where (max−min)/median > 0.30, and the

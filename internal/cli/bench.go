@@ -7,11 +7,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/spf13/cobra"
 
 	"github.com/k7-dev/k7/internal/bench"
+	"github.com/k7-dev/k7/internal/daemon"
 	"github.com/k7-dev/k7/internal/image"
 )
 
@@ -29,19 +31,23 @@ func newBenchLifecycleCmd(g *globals) *cobra.Command {
 		cfg   bench.Config
 		out   string
 		runsc string
+		agent string
 	)
 	cmd := &cobra.Command{
 		Use:   "lifecycle [flags]",
 		Short: "Benchmark create, exec, pause, resume, fork, snapshot, restore, delete",
 		Long: `Run interleaved rounds of the sandbox lifecycle through the daemon (as a client
-sees it) and, for gvisor, the same operations with raw runsc commands on this
-host: the floor. Must run on the daemon's host as root for the floor.
+sees it) and the same operations with the raw tool on this host: the floor.
+For gvisor the floor is raw runsc commands; for qemu it is QEMU started with
+the engine's command line, driven over QMP, with commands run by the guest's
+k7-agent over its socket. Must run on the daemon's host as root for the floor.
 
 Writes the raw samples to DIR/lifecycle.json and the Markdown table to
 DIR/lifecycle.md (and stdout): median (min–max), ⚠ where (max−min)/median >
 0.30, the ratio k7 / floor, and the budget from internal/budget.`,
 		Example: `  k7 bench lifecycle --reps 5 --out out/bench
-  k7 bench lifecycle --engine gvisor --reps 10 --warmup 2 --runsc /usr/local/bin/runsc`,
+  k7 bench lifecycle --engine gvisor --reps 10 --warmup 2 --runsc /usr/local/bin/runsc
+  k7 bench lifecycle --engine qemu --reps 3`,
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx := ctxOf(cmd)
@@ -55,22 +61,32 @@ DIR/lifecycle.md (and stdout): median (min–max), ⚠ where (max−min)/median 
 			cfg.Client = c
 			cfg.Progress = g.streams.Err
 			cfg.Command = "k7 " + strings.Join(os.Args[1:], " ")
-			if runsc == "" {
-				runsc, _ = exec.LookPath("runsc")
+			if slices.Contains(cfg.Engines, "gvisor") {
+				if runsc == "" {
+					runsc, _ = exec.LookPath("runsc")
+				}
+				if cfg.Runsc = runsc; runsc == "" {
+					fmt.Fprintln(g.streams.Err, "no runsc found (--runsc): measuring gvisor without the floor")
+				}
 			}
-			if runsc != "" {
+			if slices.Contains(cfg.Engines, "qemu") {
+				if agent == "" {
+					agent = daemon.FindAgent()
+				}
+				if cfg.Agent = agent; agent == "" {
+					fmt.Fprintln(g.streams.Err, "no k7-agent found (--agent): measuring qemu without the floor")
+				}
+			}
+			if cfg.Runsc != "" || cfg.Agent != "" {
 				dir, err := os.MkdirTemp("", "k7-bench-")
 				if err != nil {
 					return err
 				}
 				defer os.RemoveAll(dir)
-				rootfs, err := benchRootfs(ctx, dir)
-				if err != nil {
+				if cfg.Rootfs, err = benchRootfs(ctx, dir); err != nil {
 					return err
 				}
-				cfg.Runsc, cfg.Rootfs, cfg.Dir = runsc, rootfs, dir
-			} else {
-				fmt.Fprintln(g.streams.Err, "no runsc found (--runsc): measuring without the floor")
+				cfg.Dir = dir
 			}
 			r, err := bench.Lifecycle(ctx, cfg)
 			if err != nil {
@@ -84,7 +100,8 @@ DIR/lifecycle.md (and stdout): median (min–max), ⚠ where (max−min)/median 
 	f.IntVar(&cfg.Reps, "reps", 5, "measured rounds")
 	f.IntVar(&cfg.Warmup, "warmup", 1, "unmeasured rounds first")
 	f.StringVar(&out, "out", "out/bench", "directory for lifecycle.json and lifecycle.md")
-	f.StringVar(&runsc, "runsc", "", "runsc binary for the floor (default: runsc in PATH)")
+	f.StringVar(&runsc, "runsc", "", "runsc binary for the gvisor floor (default: runsc in PATH)")
+	f.StringVar(&agent, "agent", "", "k7-agent binary for the qemu floor, with k7-vminit next to it (default: next to k7, else in PATH)")
 	return cmd
 }
 

@@ -32,6 +32,19 @@ func RequiresRoot(t testing.TB) {
 	}
 }
 
+// RequiresQEMU skips t unless it runs as root with qemu-system-x86_64 in
+// PATH and a guest kernel in /boot: what the qemu engine needs.
+func RequiresQEMU(t testing.TB) {
+	t.Helper()
+	RequiresRoot(t)
+	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
+		skip(t, "no qemu-system-x86_64 (apt install qemu-system-x86)")
+	}
+	if m, _ := filepath.Glob("/boot/vmlinuz-*"); len(m) == 0 {
+		skip(t, "no /boot/vmlinuz-* (apt install linux-image-amd64)")
+	}
+}
+
 // RepoRoot returns the root of the k7 source tree.
 func RepoRoot() string {
 	_, file, _, _ := runtime.Caller(0)

@@ -41,19 +41,7 @@ var rootfsOnce sync.Once
 // requireQEMU skips t unless QEMU, a kernel and root are there.
 func requireQEMU(t *testing.T) {
 	t.Helper()
-	testutil.RequiresRoot(t)
-	if _, err := exec.LookPath("qemu-system-x86_64"); err != nil {
-		if os.Getenv("K7_REQUIRE_ALL") == "1" {
-			t.Fatal("K7_REQUIRE_ALL=1 but no qemu-system-x86_64")
-		}
-		t.Skip("no qemu-system-x86_64 (apt install qemu-system-x86)")
-	}
-	if m, _ := filepath.Glob("/boot/vmlinuz-*"); len(m) == 0 {
-		if os.Getenv("K7_REQUIRE_ALL") == "1" {
-			t.Fatal("K7_REQUIRE_ALL=1 but no /boot/vmlinuz-*")
-		}
-		t.Skip("no /boot/vmlinuz-* (apt install linux-image-amd64)")
-	}
+	testutil.RequiresQEMU(t)
 }
 
 // busyboxRootfs makes a root filesystem of a static busybox, the smallest
