@@ -109,6 +109,9 @@ type childSpec struct {
 	// spare, if set, is taken by the first child when it matches, and
 	// discarded otherwise (spare.go).
 	spare *spare
+	// fork: the children come from a live capture made just now, not a
+	// snapshot, so their resolv.conf is current.
+	fork bool
 }
 
 // childCount validates the number of children a fork or restore asks for
@@ -254,7 +257,13 @@ func (d *Daemon) spawnChildren(ctx context.Context, spec childSpec, names []stri
 				}
 				rreq.Netns = att.NetnsPath
 			}
-			err := d.bringUp(ctx, sbs[i], spec.engine, rec, func(ctx context.Context) error { return spec.forker.Restore(ctx, rreq) }, true, dnsFiles(att, rec.Hostname))
+			files := dnsFiles(att, rec.Hostname)
+			if spec.fork {
+				// The source's resolv.conf, carried by the capture, is
+				// what this daemon would write: only the host name differs.
+				delete(files, "/etc/resolv.conf")
+			}
+			err := d.bringUp(ctx, sbs[i], spec.engine, rec, func(ctx context.Context) error { return spec.forker.Restore(ctx, rreq) }, true, files)
 			if err != nil {
 				cctx, cancel := d.cleanupContext()
 				d.teardownNetwork(cctx, rec.ID, rec.Network)
@@ -355,6 +364,12 @@ func (d *Daemon) Fork(ctx context.Context, ref string, req *v1.ForkRequest) (*v1
 		return nil, fmt.Errorf("forking sandbox %s: %w", rec.ID, err)
 	}
 	defer os.RemoveAll(dir)
+	if req.Ports == nil {
+		// The first child's network and engine sandbox do not depend on
+		// the capture: without a spare ready, make one while the source
+		// is captured rather than after.
+		d.refillSpare(rec)
+	}
 	cp, err := d.checkpointLocked(octx, rec, eng, f, dir)
 	if err != nil {
 		d.metrics.ObserveOp("fork", rec.Engine, time.Since(start), err)
@@ -362,17 +377,18 @@ func (d *Daemon) Fork(ctx context.Context, ref string, req *v1.ForkRequest) (*v1
 	}
 	unlock()
 	locked = false
+	d.waitSpare(octx, rec.ID)
 
 	children, err := d.spawnChildren(octx, childSpec{
 		engine: eng, forker: f, from: dir, parent: rec.ID,
 		image: rec.Image, imageID: rec.ImageID, env: rec.Env, resources: rec.Resources,
-		net: rec.Network, ports: req.Ports, spare: d.takeSpare(rec.ID),
+		net: rec.Network, ports: req.Ports, spare: d.takeSpare(rec.ID), fork: true,
 	}, names, start)
 	d.metrics.ObserveOp("fork", rec.Engine, time.Since(start), err)
 	if err != nil {
 		return nil, fmt.Errorf("forking sandbox %s: %w", rec.ID, err)
 	}
-	d.refillSpare(rec)
+	d.refillSpareLater(rec.ID)
 	d.sbLog(rec.ID).Info("sandbox forked", "children", len(children), "pause", cp.SourcePause, "took", time.Since(start))
 	return &v1.ForkResult{Source: rec.ID, SourcePauseNS: int64(cp.SourcePause), Children: children}, nil
 }

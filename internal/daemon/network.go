@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -335,7 +336,7 @@ func dnsFiles(att *network.Attachment, hostname string) map[string][]byte {
 // writeDNS writes a sandbox's DNS files through its agent. A sandbox
 // whose image has no writable /etc keeps running: the failure is logged.
 func (d *Daemon) writeDNS(ctx context.Context, a Agent, id string, files map[string][]byte) {
-	for _, p := range []string{"/etc/resolv.conf", "/etc/hosts"} {
+	for _, p := range slices.Sorted(maps.Keys(files)) {
 		if err := a.PutFile(ctx, p, 0o644, bytes.NewReader(files[p])); err != nil {
 			d.sbLog(id).Warn("writing "+p, "err", err)
 		}

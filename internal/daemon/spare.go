@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	v1 "github.com/k7-dev/k7/api/v1"
 	"github.com/k7-dev/k7/internal/engine"
 	"github.com/k7-dev/k7/internal/errdefs"
 	"github.com/k7-dev/k7/internal/network"
@@ -17,10 +18,10 @@ import (
 // Spares: a networked fork child needs a network namespace of its own
 // holding its parent's address, and on gVisor a container created in that
 // namespace ("runsc create"), before the capture can be loaded into it. Both
-// are the same for every child of a parent, so after a fork of a networked
-// sandbox the daemon prepares them off the request path for one more child
-// under a fresh sandbox ID (a spare), and the parent's next fork starts its
-// first child there. Spares have no store record: a daemon restart deletes
+// are the same for every child of a parent, so the daemon prepares them for
+// one child under a fresh sandbox ID (a spare) where it costs least: during
+// the capture of a parent's first fork, and off the request path after each
+// fork for the next one. A fork starts its first child in the spare. Spares have no store record: a daemon restart deletes
 // them as orphans (engine sandboxes and networks without a record).
 
 const (
@@ -38,6 +39,12 @@ const spareWait = 5 * time.Second
 
 // spareTimeout bounds the making of one spare.
 const spareTimeout = time.Minute
+
+// spareDelay is how long after a fork the next spare is started: the
+// children's first requests (typically an exec into each, right away)
+// should not share the CPUs with its "runsc create". A fork that comes
+// sooner makes the spare itself, during its capture.
+const spareDelay = time.Second
 
 // spare is a sandbox ID with its network set up and its engine sandbox
 // pre-created (engine.Precreator) for the next fork child of parent.
@@ -126,10 +133,10 @@ func (d *Daemon) discardSpareLater(sp *spare) {
 	}()
 }
 
-// refillSpare starts making a spare for rec, a sandbox just forked (its
-// children are running), in the background, unless rec has no network, its
-// engine cannot pre-create, or it has a spare already. It never blocks on
-// the work.
+// refillSpare starts making a spare for rec, a sandbox being forked or
+// just forked, in the background, unless rec has no network, its engine
+// cannot pre-create, or it has a spare ready or being made. It never
+// blocks on the work.
 func (d *Daemon) refillSpare(rec *store.Sandbox) {
 	if rec.Network == nil || rec.Network.Policy == string(network.PolicyNone) {
 		return
@@ -194,6 +201,25 @@ func (d *Daemon) refillSpare(rec *store.Sandbox) {
 			d.discardSpare(sp)
 		default:
 			d.sbLog(parent.ID).Debug("spare ready", "spare", sp.id, "took", time.Since(sp.made))
+		}
+	}()
+}
+
+// refillSpareLater calls refillSpare for parent spareDelay from now, if it
+// still runs then.
+func (d *Daemon) refillSpareLater(parent string) {
+	d.wg.Add(1)
+	go func() {
+		defer d.wg.Done()
+		t := time.NewTimer(spareDelay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-d.ctx.Done():
+			return
+		}
+		if rec, err := d.store.GetSandbox(parent); err == nil && rec.State == v1.StateRunning {
+			d.refillSpare(rec)
 		}
 	}()
 }
