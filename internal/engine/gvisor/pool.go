@@ -165,11 +165,11 @@ func (e *Engine) precreate(key poolKey) (ent poolEntry, err error) {
 	}); err != nil {
 		return ent, err
 	}
-	st, err := e.state(ctx, cid)
+	pid, err := e.createdPID(ctx, cid)
 	if err != nil {
 		return ent, err
 	}
-	return poolEntry{cid: cid, pid: st.PID}, nil
+	return poolEntry{cid: cid, pid: pid}, nil
 }
 
 // waitPool waits until the pool for key is full (benchmarks).

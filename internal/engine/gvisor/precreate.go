@@ -57,12 +57,12 @@ func (e *Engine) Precreate(ctx context.Context, req *engine.CreateRequest) (err 
 	}); err != nil {
 		return err
 	}
-	st, err := e.state(ctx, id)
+	pid, err := e.createdPID(ctx, id)
 	if err != nil {
 		return err
 	}
 	e.pre.mu.Lock()
-	e.pre.sbxs[id] = precreatedEntry{key: poolKey{rootfs: req.Rootfs, res: req.Resources}, netns: req.Netns, pid: st.PID}
+	e.pre.sbxs[id] = precreatedEntry{key: poolKey{rootfs: req.Rootfs, res: req.Resources}, netns: req.Netns, pid: pid}
 	e.pre.mu.Unlock()
 	cu.release()
 	log.Debug("sandbox pre-created", "took", time.Since(start))

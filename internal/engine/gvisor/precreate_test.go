@@ -89,6 +89,12 @@ func TestPrecreate(t *testing.T) {
 			if err != nil || st.Status != "created" {
 				t.Fatalf("runsc state of the pre-created sandbox: %+v, %v", st, err)
 			}
+			e.pre.mu.Lock()
+			pid := e.pre.sbxs[child].pid
+			e.pre.mu.Unlock()
+			if pid != st.PID {
+				t.Errorf("pre-created sandbox process from the state file: %d, runsc state says %d", pid, st.PID)
+			}
 			if ids, _ := e.List(ctx); !slices.Contains(ids, child) {
 				t.Errorf("List: got %v, want the pre-created %s", ids, child)
 			}

@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -61,4 +62,21 @@ func (e *Engine) quickState(cid string) (st *runscState, ok bool, err error) {
 		return st, true, nil
 	}
 	return nil, false, nil
+}
+
+// createdPID returns the sandbox process of container cid, just made by
+// "runsc create", from runsc's state file (written before the command
+// returns), or from "runsc state" when the file does not tell.
+func (e *Engine) createdPID(ctx context.Context, cid string) (int, error) {
+	if b, err := os.ReadFile(e.stateFilePath(cid)); err == nil {
+		var f runscStateFile
+		if json.Unmarshal(b, &f) == nil && f.ID == cid && f.Sandbox != nil && f.Sandbox.PID > 0 {
+			return f.Sandbox.PID, nil
+		}
+	}
+	st, err := e.state(ctx, cid)
+	if err != nil {
+		return 0, err
+	}
+	return st.PID, nil
 }
