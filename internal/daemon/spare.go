@@ -154,6 +154,11 @@ func (d *Daemon) refillSpare(rec *store.Sandbox) {
 	if s.closed || s.ready[rec.ID] != nil || s.filling[rec.ID] != nil {
 		return
 	}
+	// Under s.mu: deleteLocked removes the record before it drops the
+	// parent's spares, so a fill either sees no record or is dropped.
+	if _, err := d.store.GetSandbox(rec.ID); err != nil {
+		return
+	}
 	var evict *spare
 	if len(s.ready)+len(s.filling) >= spareCap {
 		for _, sp := range s.ready {
