@@ -212,10 +212,15 @@ func (d *Daemon) openEngines(given []engine.Engine) {
 		for _, n := range d.cfg.Engines {
 			enabled = enabled || n == reg.name
 		}
+		root := engineRoot(d.cfg.StateDir, reg.name)
+		if !enabled && d.cfg.Cleanup {
+			// Cleanup deletes the sandboxes of every engine that has
+			// left any, enabled or not.
+			enabled = dirExists(root)
+		}
 		if !enabled {
 			continue
 		}
-		root := engineRoot(d.cfg.StateDir, reg.name)
 		e, err := reg.open(&d.cfg, root, d.log.With("engine", reg.name))
 		if err != nil {
 			d.log.Warn("engine unavailable", "engine", reg.name, "err", err)

@@ -656,3 +656,38 @@ func TestConfigValidate(t *testing.T) {
 		t.Errorf("ParseFlags = %+v, %v; want default engine fake", cfg, err)
 	}
 }
+
+// TestCleanupRefusesUnavailableEngine: --cleanup deletes the sandboxes of
+// every engine that left files, enabled or not; one that cannot run (here
+// gvisor without runsc) cannot, so its files are kept and the cleanup
+// fails naming it, instead of orphaning its sandboxes.
+func TestCleanupRefusesUnavailableEngine(t *testing.T) {
+	cfg := testConfig(t, t.TempDir())
+	cfg.Cleanup = true
+	cfg.Runsc = filepath.Join(t.TempDir(), "no-runsc")
+	left := filepath.Join(engineRoot(cfg.StateDir, "gvisor"), "sandboxes", "0123456789abcdef")
+	if err := os.MkdirAll(left, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	err := Run(context.Background(), cfg, Options{Images: testImages{}})
+	if err == nil || !strings.Contains(err.Error(), "engine gvisor is unavailable") {
+		t.Fatalf("cleanup with gvisor unavailable: %v, want an error naming gvisor", err)
+	}
+	if _, err := os.Stat(left); err != nil {
+		t.Errorf("the unavailable engine's files were removed: %v", err)
+	}
+
+	// Without them the same cleanup succeeds and empties the state dir.
+	if err := os.RemoveAll(engineRoot(cfg.StateDir, "gvisor")); err != nil {
+		t.Fatal(err)
+	}
+	if err := Run(context.Background(), cfg, Options{Images: testImages{}}); err != nil {
+		t.Fatalf("cleanup: %v", err)
+	}
+	ents, _ := os.ReadDir(cfg.StateDir)
+	for _, e := range ents {
+		if e.Name() != "k7d.lock" {
+			t.Errorf("left in the state dir after cleanup: %s", e.Name())
+		}
+	}
+}

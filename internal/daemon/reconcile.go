@@ -215,6 +215,13 @@ func (d *Daemon) recover(ctx context.Context) {
 func (d *Daemon) CleanupAll(ctx context.Context) error {
 	d.closeSpares()
 	var errs []error
+	for _, in := range d.info {
+		// An engine that cannot run cannot delete its sandboxes either:
+		// removing its files would orphan them.
+		if root := engineRoot(d.cfg.StateDir, in.Name); !in.Available && dirExists(root) {
+			errs = append(errs, fmt.Errorf("engine %s is unavailable (%s): its sandboxes under %s cannot be deleted; fix that and run the cleanup again", in.Name, in.Reason, root))
+		}
+	}
 	for name, eng := range d.engines {
 		ids, err := eng.List(ctx)
 		if err != nil {
@@ -264,4 +271,10 @@ func (d *Daemon) CleanupAll(ctx context.Context) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// dirExists reports whether path is a directory.
+func dirExists(path string) bool {
+	fi, err := os.Stat(path)
+	return err == nil && fi.IsDir()
 }
