@@ -365,10 +365,11 @@ func hostNetState(t *testing.T, p string) string {
 			out = append(out, "netns "+e.Name())
 		}
 	}
-	links, err := netlink.LinkList()
-	if err != nil {
-		t.Fatal(err)
-	}
+	var links []netlink.Link
+	eventually(t, 5*time.Second, func() (err error) {
+		links, err = netlink.LinkList() // interrupted while other links come and go
+		return err
+	})
 	for _, l := range links {
 		if strings.HasPrefix(l.Attrs().Name, p) {
 			out = append(out, "link "+l.Attrs().Name)
