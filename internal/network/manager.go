@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"slices"
@@ -25,6 +26,12 @@ const (
 	gwIf   = "gw"   // in R, eth0's peer, carries the gateway
 	upIf   = "up"   // in R, the host veth's peer, carries the outer address
 )
+
+// gwMAC is the MAC of every router's gw. A fork child's guest kernel (QEMU)
+// wakes with the gateway's MAC in its neighbour cache; with the same MAC in
+// every R it stays right. Routers never share a segment, so they never
+// clash.
+var gwMAC = net.HardwareAddr{0x02, 0x6b, 0x37, 0x00, 0x00, 0x01}
 
 // Manager owns the sandbox networks of one daemon: the bridge, the host
 // nftables table, the namespaces and the published-port proxies. It is safe
@@ -198,7 +205,7 @@ func (m *Manager) Setup(ctx context.Context, req Request) (_ *Attachment, retErr
 			return nil, err
 		}
 		if err := step("inner-veth", func() error {
-			v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: gwIf}, PeerName: eth0If, PeerNamespace: netlink.NsFd(sNS)}
+			v := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: gwIf, HardwareAddr: gwMAC}, PeerName: eth0If, PeerNamespace: netlink.NsFd(sNS)}
 			if err := hR.LinkAdd(v); err != nil {
 				return err
 			}
