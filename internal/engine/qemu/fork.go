@@ -32,8 +32,10 @@ type manifest struct {
 	CPUs          int    `json:"cpus"`
 	Disk          string `json:"disk,omitempty"`
 	Memory        string `json:"memory,omitempty"` // memoryFile, or "" when RAM is in the stream
-	Source        string `json:"source"`
-	Created       string `json:"created"`
+	// Net is the guest's NIC (address, gateway, MAC); nil: loopback only.
+	Net     *guestNet `json:"net,omitempty"`
+	Source  string    `json:"source"`
+	Created string    `json:"created"`
 }
 
 // Checkpoint captures a running sandbox into req.Dir: the device state
@@ -97,7 +99,7 @@ func (e *Engine) checkpoint(ctx context.Context, q *qmp, st *vmState, dir string
 	}
 	e.log.Debug("checkpoint step", "sandbox", st.ID, "step", "save state", "took", time.Since(start))
 	m := manifest{EngineVersion: e.version, MemoryBytes: st.MemoryBytes, CPUs: st.CPUs, Disk: st.Disk,
-		Source: st.ID, Created: time.Now().UTC().Format(time.RFC3339Nano)}
+		Net: st.Net, Source: st.ID, Created: time.Now().UTC().Format(time.RFC3339Nano)}
 	if shared {
 		if err := copySparse(st.MemFile, filepath.Join(dir, memoryFile)); err != nil {
 			return nil, fmt.Errorf("freezing memory: %w", err)
@@ -172,7 +174,10 @@ func copySparse(src, dst string) error {
 // Restore starts a new sandbox from a capture: QEMU maps the frozen RAM
 // copy-on-write (share=off), loads the device state and continues. The
 // capture dir must outlive the sandbox's start; the frozen RAM file may be
-// removed once Restore returns (the mapping keeps it).
+// removed once Restore returns (the mapping keeps it). A capture of a
+// sandbox with a NIC needs req.Netns with eth0 holding the capture's
+// address and gateway (the guest keeps them); one without needs a
+// namespace without eth0, or none.
 func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) error {
 	if err := checkID(req.ID); err != nil {
 		return err
@@ -197,6 +202,9 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) error 
 	st := e.newState(req.ID, &req.CreateRequest)
 	st.MemoryBytes, st.CPUs, st.Disk = m.MemoryBytes, m.CPUs, m.Disk
 	st.Incoming = filepath.Join(req.From, stateStream)
+	if st.Net, err = restoreNet(&m, req.Netns); err != nil {
+		return fmt.Errorf("restoring sandbox %q: %w", req.ID, err)
+	}
 	if m.Memory != "" {
 		st.Frozen = filepath.Join(req.From, m.Memory)
 	}
@@ -215,4 +223,29 @@ func (e *Engine) Restore(ctx context.Context, req *engine.RestoreRequest) error 
 	}
 	e.poolRefill(st)
 	return nil
+}
+
+// restoreNet checks that the sandbox netns at path (or its absence) fits
+// the capture m, and returns the child's NIC: the capture's.
+func restoreNet(m *manifest, path string) (*guestNet, error) {
+	var have *guestNet
+	if path != "" {
+		var err error
+		if have, err = readNetns(path); err != nil {
+			return nil, err
+		}
+	}
+	switch {
+	case m.Net == nil && have == nil:
+		return nil, nil
+	case m.Net == nil:
+		return nil, fmt.Errorf("the capture has no network interface, netns %s has %s: %w", path, sandboxIf, errdefs.ErrFailedPrecondition)
+	case have == nil:
+		return nil, fmt.Errorf("the capture has a network interface (%s); the restore needs a netns with %s: %w", m.Net.Addr, sandboxIf, errdefs.ErrFailedPrecondition)
+	case have.Addr != m.Net.Addr || have.Gateway != m.Net.Gateway:
+		return nil, fmt.Errorf("netns %s has %s via %s, the capture's guest has %s via %s: %w",
+			path, have.Addr, have.Gateway, m.Net.Addr, m.Net.Gateway, errdefs.ErrFailedPrecondition)
+	}
+	n := *m.Net
+	return &n, nil
 }

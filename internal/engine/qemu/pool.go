@@ -11,11 +11,13 @@ import (
 )
 
 // forkPool keeps idle QEMU processes for Restore: started with the shape
-// of a recent capture (RAM size, vCPUs, root disk) in -preconfig state, so
+// of a recent capture (RAM size, vCPUs, root disk, NIC) in -preconfig state, so
 // that a restore skips QEMU's start-up (dynamic loading, device setup)
 // and only adds the RAM backend, finishes machine init and loads the
 // device state. Idle processes run no guest code and cost about 40 MB
-// each. Safe for concurrent use.
+// each. A process for a capture with a NIC holds its tap in a netns of its
+// own until a restore moves it into the child's (see attachTap). Safe for
+// concurrent use.
 type forkPool struct {
 	size int // idle processes per shape; 0 disables the pool
 
@@ -36,7 +38,11 @@ type poolEntry struct {
 }
 
 func shapeOf(st *vmState) string {
-	return fmt.Sprintf("%d/%d/%s", st.MemoryBytes, st.CPUs, st.Disk)
+	mac := ""
+	if st.Net != nil {
+		mac = st.Net.MAC
+	}
+	return fmt.Sprintf("%d/%d/%s/%s", st.MemoryBytes, st.CPUs, st.Disk, mac)
 }
 
 func (e *Engine) poolRoot() string { return filepath.Join(e.cfg.Root, "pool") }
@@ -119,7 +125,7 @@ func (e *Engine) poolSpawn(shape *vmState) (*poolEntry, error) {
 		return nil, err
 	}
 	st := &vmState{ID: "pool", MemoryBytes: shape.MemoryBytes, CPUs: shape.CPUs, Disk: shape.Disk,
-		SockDir: dir, Incoming: "pool", poolDir: dir}
+		Net: shape.Net, SockDir: dir, Incoming: "pool", poolDir: dir}
 	exited, err := e.launch(st)
 	if err != nil {
 		_ = os.RemoveAll(dir)

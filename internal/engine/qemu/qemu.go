@@ -11,6 +11,11 @@
 // privately (copy-on-write), so the pages they do not touch are shared
 // between all of them, and load the device state.
 //
+// Network: a sandbox with CreateRequest.Netns gets a virtio-net NIC whose
+// tap is wired to eth0 of that namespace; the guest takes over eth0's
+// address, route and MAC (see net.go). Without it the guest has loopback
+// only.
+//
 // Acceleration is KVM when a timed probe shows it runs guests at hardware
 // speed, TCG otherwise (see Accel).
 //
@@ -200,8 +205,10 @@ func New(cfg Config) (*Engine, error) {
 // Name returns "qemu".
 func (e *Engine) Name() string { return Name }
 
-// Capabilities reports Fork.
-func (e *Engine) Capabilities() engine.Capabilities { return engine.Capabilities{Fork: true} }
+// Capabilities reports Fork and Network.
+func (e *Engine) Capabilities() engine.Capabilities {
+	return engine.Capabilities{Fork: true, Network: true}
+}
 
 // Accel returns the accelerator sandboxes run under ("kvm" or "tcg") and
 // why it was chosen.
@@ -250,13 +257,17 @@ func (e *Engine) prepareInitramfs() error {
 	if err != nil {
 		return err
 	}
+	netMods, err := ms.Resolve(NetModules...)
+	if err != nil {
+		return err
+	}
 	h := sha256.New()
 	for _, p := range []string{initPath, e.cfg.AgentPath} {
 		if err := hashFile(h, p); err != nil {
 			return err
 		}
 	}
-	_, _ = fmt.Fprintln(h, e.release, strings.Join(mods, " "))
+	_, _ = fmt.Fprintln(h, e.release, strings.Join(mods, " "), "net:", strings.Join(netMods, " "))
 	sum := hex.EncodeToString(h.Sum(nil))[:16]
 	e.initrd = filepath.Join(e.cfg.Root, "boot", "initrd-"+sum+".cpio")
 	e.version = fmt.Sprintf("%s; kernel %s; initrd %s; accel %s", e.qemuVer, e.release, sum, e.accel.Name)
@@ -271,6 +282,11 @@ func (e *Engine) prepareInitramfs() error {
 		return err
 	}
 	r.Add(vmimage.File{Path: "/etc/k7-modules", Mode: 0o644, Data: []byte(strings.Join(guest, "\n") + "\n")})
+	guestNet, err := r.AddModules(ms, netMods)
+	if err != nil {
+		return err
+	}
+	r.Add(vmimage.File{Path: netModules, Mode: 0o644, Data: []byte(strings.Join(guestNet, "\n") + "\n")})
 	return r.WriteFile(e.initrd)
 }
 

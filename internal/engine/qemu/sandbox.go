@@ -27,7 +27,9 @@ const bootTimeout = 90 * time.Second
 var pending sync.Map // sandbox dir -> net.Conn
 
 // Create boots a sandbox and returns when its agent has opened its port.
-// On error nothing of the sandbox is left.
+// With req.Netns, the guest takes over eth0 of that namespace (see
+// attachTap); a namespace without eth0 gives loopback only. On error
+// nothing of the sandbox is left.
 func (e *Engine) Create(ctx context.Context, req *engine.CreateRequest) (err error) {
 	if err := checkID(req.ID); err != nil {
 		return err
@@ -35,6 +37,11 @@ func (e *Engine) Create(ctx context.Context, req *engine.CreateRequest) (err err
 	defer e.lock(req.ID)()
 	log := e.log.With("sandbox", req.ID)
 	st := e.newState(req.ID, req)
+	if req.Netns != "" {
+		if st.Net, err = readNetns(req.Netns); err != nil {
+			return fmt.Errorf("creating sandbox %q: %w", req.ID, err)
+		}
+	}
 	if req.Rootfs != "" {
 		t := time.Now()
 		if st.Disk, err = e.rootDisk(ctx, req.Rootfs); err != nil {
@@ -119,6 +126,13 @@ func (e *Engine) start(ctx context.Context, st *vmState, log interface {
 		step("claim pooled QEMU", t)
 	} else {
 		step("monitor", t)
+	}
+	if st.Net != nil {
+		t = time.Now()
+		if err := attachTap(st.PID, st.Netns, st.Net); err != nil {
+			return fmt.Errorf("attaching the guest's NIC to %s: %w", st.Netns, err)
+		}
+		step("attach tap", t)
 	}
 	if st.Incoming != "" {
 		t = time.Now()

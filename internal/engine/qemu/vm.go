@@ -25,19 +25,21 @@ import (
 // vmState is a sandbox's record, state.json in its dir. It is written once
 // the sandbox runs and never changes after.
 type vmState struct {
-	ID          string   `json:"id"`
-	PID         int      `json:"pid"`
-	StartTime   uint64   `json:"start_time"` // /proc/PID/stat field 22: guards against PID reuse
-	MemoryBytes int64    `json:"memory_bytes"`
-	CPUs        int      `json:"cpus"`
-	Disk        string   `json:"disk,omitempty"`     // read-only root disk image
-	MemFile     string   `json:"mem_file,omitempty"` // RAM file owned by this sandbox (share=on)
-	Frozen      string   `json:"frozen,omitempty"`   // RAM file of a capture, mapped share=off
-	SockDir     string   `json:"sock_dir"`
-	Hostname    string   `json:"hostname,omitempty"`
-	Env         []string `json:"env,omitempty"`
-	Incoming    string   `json:"-"` // device state to load (restore)
-	poolDir     string   // set for a fork-pool process: its dir; it starts in preconfig without RAM
+	ID          string    `json:"id"`
+	PID         int       `json:"pid"`
+	StartTime   uint64    `json:"start_time"` // /proc/PID/stat field 22: guards against PID reuse
+	MemoryBytes int64     `json:"memory_bytes"`
+	CPUs        int       `json:"cpus"`
+	Disk        string    `json:"disk,omitempty"`     // read-only root disk image
+	MemFile     string    `json:"mem_file,omitempty"` // RAM file owned by this sandbox (share=on)
+	Frozen      string    `json:"frozen,omitempty"`   // RAM file of a capture, mapped share=off
+	SockDir     string    `json:"sock_dir"`
+	Hostname    string    `json:"hostname,omitempty"`
+	Env         []string  `json:"env,omitempty"`
+	Netns       string    `json:"netns,omitempty"` // sandbox netns the guest's NIC is wired into
+	Net         *guestNet `json:"net,omitempty"`   // the guest's NIC; nil: loopback only
+	Incoming    string    `json:"-"`               // device state to load (restore)
+	poolDir     string    // set for a fork-pool process: its dir; it starts in preconfig without RAM
 }
 
 // dir returns where st's files are: its sandbox dir, or its pool dir.
@@ -91,7 +93,7 @@ func (e *Engine) sockDir(id string) string {
 
 func (e *Engine) newState(id string, req *engine.CreateRequest) *vmState {
 	st := &vmState{ID: id, MemoryBytes: req.Resources.MemoryBytes, Hostname: req.Hostname,
-		Env: req.Env, SockDir: e.sockDir(id)}
+		Env: req.Env, SockDir: e.sockDir(id), Netns: req.Netns}
 	if st.MemoryBytes <= 0 {
 		st.MemoryBytes = DefaultMemoryBytes
 	}
@@ -118,6 +120,9 @@ func (e *Engine) kernelArgs(st *vmState) (string, error) {
 			return "", fmt.Errorf("host name %q has spaces: %w", st.Hostname, errdefs.ErrInvalidArgument)
 		}
 		a = append(a, "k7.host="+st.Hostname)
+	}
+	if st.Net != nil {
+		a = append(a, "k7.net="+st.Net.String())
 	}
 	if len(st.Env) > 0 {
 		a = append(a, "k7.env="+base64.RawURLEncoding.EncodeToString([]byte(strings.Join(st.Env, "\x00"))))
@@ -175,6 +180,13 @@ func (e *Engine) qemuArgs(st *vmState) ([]string, error) {
 			"-drive", "file="+st.Disk+",if=none,id=root,format=raw,readonly=on,cache=unsafe",
 			"-device", "virtio-blk-device,drive=root,id=rootdisk")
 	}
+	if st.Net != nil {
+		// QEMU runs in a netns of its own (see launch), where it creates
+		// the tap; the engine moves it into the sandbox netns.
+		a = append(a,
+			"-netdev", "tap,id=net0,ifname="+tapIf+",script=no,downscript=no",
+			"-device", "virtio-net-device,netdev=net0,id=nic,mac="+st.Net.MAC)
+	}
 	if st.Incoming != "" {
 		// The kernel is in the guest RAM already: loading it again
 		// would only cost start-up time and memory.
@@ -190,8 +202,8 @@ func (e *Engine) qemuArgs(st *vmState) ([]string, error) {
 	return a, nil
 }
 
-// launch starts QEMU (stopped, -S) in its own session and records its PID
-// in st. The returned channel is closed when the process exits (while this
+// launch starts QEMU (stopped, -S) in its own session (and, with st.Net,
+// in a new, empty network namespace) and records its PID in st. The returned channel is closed when the process exits (while this
 // Engine lives).
 func (e *Engine) launch(st *vmState) (<-chan struct{}, error) {
 	args, err := e.qemuArgs(st)
@@ -208,6 +220,11 @@ func (e *Engine) launch(st *vmState) (<-chan struct{}, error) {
 	cmd.Dir = dir
 	cmd.Stdout, cmd.Stderr = stderr, stderr
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if st.Net != nil {
+		// An empty network namespace for QEMU's tap until attachTap moves
+		// it; QEMU itself never gets a network.
+		cmd.SysProcAttr.Cloneflags = syscall.CLONE_NEWNET
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting QEMU: %w", err)
 	}

@@ -7,13 +7,16 @@
 // carried by a fork), mounts /proc, /sys, /dev, /dev/pts, /dev/shm and /run
 // there, switches root, opens the virtio-serial port named "agent" as
 // stdin/stdout and execs the agent as PID 1. The console (ttyS0, the sandbox
-// log) stays on stderr.
+// log) stays on stderr. It brings lo up and, with k7.net, configures eth0.
 //
 // Kernel command line parameters it reads:
 //
 //	k7.root=/dev/vda   the root disk (absent: the initramfs is the root)
 //	k7.host=NAME       host name
 //	k7.env=B64         base64 (raw URL) of NUL-separated KEY=VALUE pairs
+//	k7.net=X/N,G       the network interface: eth0 gets X/N and the default
+//	                   route via G, after the modules in /etc/k7-net-modules
+//	                   (virtio_net) are loaded; absent: loopback only
 //	k7.port=NAME       virtio-serial port name (default "agent")
 package main
 
@@ -60,6 +63,9 @@ func run() error {
 	}
 	args := cmdline()
 	if err := loadModules("/etc/k7-modules"); err != nil {
+		return err
+	}
+	if err := setupNet(args["k7.net"]); err != nil {
 		return err
 	}
 	if h := args["k7.host"]; h != "" {
