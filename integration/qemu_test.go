@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/vishvananda/netlink"
+
 	v1 "github.com/k7-dev/k7/api/v1"
 )
 
@@ -112,4 +114,101 @@ func processesMentioning(s string) []string {
 		}
 	}
 	return out
+}
+
+// TestQEMUNetwork: a qemu sandbox with a published port serves from the
+// host through 127.0.0.1; `k7 fork -n 2` children answer on their own host
+// ports with the parent's in-sandbox address (inspect and the guest agree);
+// an isolated VM reaches neither another sandbox nor anything outside; an
+// egress VM reaches what --allow lists and nothing else; removal leaves no
+// QEMU and no tap on the host.
+func TestQEMUNetwork(t *testing.T) {
+	d := startDaemon(t, "gvisor", "qemu")
+	vm := d.create("--engine", "qemu", "--name", "web", "-p", "8080")
+	psb := d.inspect(vm)
+	if psb.Network == nil || psb.Network.Policy != "isolated" || psb.Network.Address == "" || len(psb.Ports) != 1 {
+		t.Fatalf("qemu sandbox network %+v ports %+v, want isolated (the default) with an address and a port", psb.Network, psb.Ports)
+	}
+	guestAddr := func(id string) string {
+		// "2: eth0    inet 10.x.y.z/nn brd ..." -> 10.x.y.z
+		f := strings.Fields(d.execOut(id, "ip", "-4", "-o", "addr", "show", "eth0"))
+		for i := range f {
+			if f[i] == "inet" && i+1 < len(f) {
+				a, _, _ := strings.Cut(f[i+1], "/")
+				return a
+			}
+		}
+		return ""
+	}
+	if got := guestAddr(vm); got != psb.Network.Address {
+		t.Errorf("guest eth0 has %q, inspect says %s", got, psb.Network.Address)
+	}
+	d.startHttpd(vm, "vm page")
+	waitPage(t, psb.Ports[0].HostPort, "vm page", 20*time.Second)
+
+	children := strings.Fields(d.must("fork", "-q", "-n", "2", "web"))
+	if len(children) != 2 {
+		t.Fatalf("fork -q -n 2 printed %v, want 2 IDs", children)
+	}
+	seen := map[int]bool{psb.Ports[0].HostPort: true}
+	for _, c := range children {
+		csb := d.inspect(c)
+		if csb.Network == nil || csb.Network.Address != psb.Network.Address {
+			t.Errorf("child %s network %+v, want the parent's address %s", c, csb.Network, psb.Network.Address)
+		}
+		if len(csb.Ports) != 1 || csb.Ports[0].Port != 8080 || seen[csb.Ports[0].HostPort] {
+			t.Fatalf("child %s ports %+v, want 8080 on a host port of its own", c, csb.Ports)
+		}
+		seen[csb.Ports[0].HostPort] = true
+		waitPage(t, csb.Ports[0].HostPort, "vm page", 10*time.Second)
+		if got := guestAddr(c); got != psb.Network.Address {
+			t.Errorf("child %s guest eth0 has %q, want the parent's %s", c, got, psb.Network.Address)
+		}
+	}
+	d.execOut(children[0], "sh", "-c", "printf child0 > /www/index.html")
+	waitPage(t, d.inspect(children[0]).Ports[0].HostPort, "child0", 10*time.Second)
+	waitPage(t, d.inspect(children[1]).Ports[0].HostPort, "vm page", 10*time.Second)
+	waitPage(t, psb.Ports[0].HostPort, "vm page", 10*time.Second)
+
+	// Isolation, with a positive control on the same wget.
+	tn := newTestNetns(t, "198.18.78.1/29", "198.18.78.2/29", "198.18.78.3/29")
+	iso := d.create("--engine", "qemu", "--name", "iso")
+	for _, addr := range []string{psb.Network.Address, psb.Network.Outer} {
+		if d.reaches(iso, "http://"+addr+":8080/", "vm page") {
+			t.Errorf("isolated qemu sandbox reached sandbox web at %s:8080", addr)
+		}
+	}
+	if d.reaches(iso, fmt.Sprintf("http://198.18.78.2:%d/", tn.port), "ok") {
+		t.Errorf("isolated qemu sandbox reached the test namespace")
+	}
+	if !d.reaches(vm, "http://127.0.0.1:8080/", "vm page") {
+		t.Errorf("web does not reach its own httpd through loopback")
+	}
+	eg := d.create("--engine", "qemu", "--name", "eg", "--network", "egress", "--allow", "198.18.78.2")
+	if !d.reaches(eg, fmt.Sprintf("http://198.18.78.2:%d/", tn.port), "ok") {
+		t.Errorf("egress qemu sandbox did not reach the allowed 198.18.78.2:%d", tn.port)
+	}
+	if d.reaches(eg, fmt.Sprintf("http://198.18.78.3:%d/", tn.port), "ok") {
+		t.Errorf("egress qemu sandbox reached 198.18.78.3, which is not allowed")
+	}
+
+	all := append([]string{vm, iso, eg}, children...)
+	d.must(append([]string{"rm", "-f"}, all...)...)
+	eventually(t, 10*time.Second, func() error {
+		for _, id := range all {
+			if p := processesMentioning(id); len(p) > 0 {
+				return fmt.Errorf("QEMU processes of %s left: %v", id, p)
+			}
+		}
+		links, err := netlink.LinkList()
+		if err != nil {
+			return err
+		}
+		for _, l := range links {
+			if _, ok := l.(*netlink.Tuntap); ok || strings.HasPrefix(l.Attrs().Name, "tap") {
+				return fmt.Errorf("tap %s on the host", l.Attrs().Name)
+			}
+		}
+		return nil
+	})
 }
