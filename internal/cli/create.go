@@ -32,7 +32,7 @@ It prints the new sandbox's ID; with -o json the whole sandbox.
   none      loopback only
   egress    as isolated, plus outbound connections through NAT; with
             --allow, only to those destinations (CIDR or CIDR:PORT)
-The qemu engine supports --network none only (and defaults to it).
+Both engines (gvisor, qemu) support every policy.
 
 -p HOSTPORT:PORT publishes the sandbox's TCP PORT on 127.0.0.1:HOSTPORT of
 the host; -p PORT picks a free host port (see k7 ls or k7 inspect).`,

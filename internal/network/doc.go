@@ -12,18 +12,21 @@
 //
 //	host netns                 router netns R                sandbox netns S
 //	<prefix>br  B/outer ─ <prefix>v<n> ═ up Y/outer │ gw G/inner ═ eth0 X/inner
-//	(bridge)                   nftables: 1:1 NAT Y<->X,         (gVisor takes X)
+//	(bridge)                   nftables: 1:1 NAT Y<->X,    (gVisor or the VM takes X)
 //	                           policy filter, input drop        default via G
 //
 // The pieces:
 //
 //   - S (/run/netns/<prefix>-s-<id>) holds lo and eth0 with the inner address X
 //     and a default route via the gateway G. Its path goes into the OCI spec
-//     (or is where the QEMU engine puts its tap). Nothing else is in S.
+//     (gVisor takes eth0 over), or the QEMU engine moves its tap into S,
+//     takes X off eth0 and redirects frames between eth0 and the tap: the
+//     guest kernel holds X. Nothing else is in S (but that tap).
 //   - R (/run/netns/<prefix>-r-<id>) is a tiny router: gw (G, peer of eth0) and
 //     up (the unique outer address Y on the host bridge). R forwards, DNATs Y to
 //     X inbound and SNATs X to Y outbound, and filters by policy. Every R uses
-//     the same G and the same inner subnet; they never meet.
+//     the same G, the same inner subnet and the same MAC on gw (a forked VM
+//     guest wakes with it in its neighbour cache); they never meet.
 //   - The host has one bridge <prefix>br with address B (the first address of
 //     Config.Subnet) and one nftables table "ip <prefix>": an input chain that
 //     drops every new connection arriving from the bridge (sandboxes never reach
