@@ -124,7 +124,9 @@ func isDefault(dst *net.IPNet) bool {
 
 // attachTap moves tap0 from the network namespace of QEMU process pid into
 // the sandbox netns at path and wires it to eth0 there (see above). n is the
-// guest's interface; eth0 gets its MAC. It may not be repeated.
+// guest's interface; eth0 gets its MAC. It may not be repeated, and when
+// it fails S may be half wired: the caller kills QEMU (the tap goes with
+// it) and S is not reused (the daemon deletes a failed sandbox's netns).
 func attachTap(pid int, path string, n *guestNet) error {
 	qns, err := netns.GetFromPid(pid)
 	if err != nil {

@@ -306,6 +306,9 @@ func TestNetwork(t *testing.T) {
 		}
 		t.Cleanup(func() { _ = e.Delete(context.Background(), id) })
 		t.Logf("restore %s with a network: %v", id, time.Since(t0))
+		if i == 1 && e.poolLen() != 0 {
+			t.Errorf("%s did not take the fork-pool QEMU", id)
+		}
 		waitGet(t, kn.r, url, "parent")
 		// The guest reaches out to its gateway, right away.
 		got := make(chan struct{}, 1)
