@@ -3,6 +3,7 @@ package qemu
 import (
 	"bufio"
 	"context"
+	"crypto/md5"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -149,11 +150,13 @@ func inNetns(t *testing.T, name string, fn func()) {
 	<-done
 }
 
-// getFrom fetches http://addr/ from the router namespace r. The connection
+// getFrom fetches http://addr/ (or http://addr/path with addr "host:port/path")
+// from the router namespace r. The connection
 // is made on the namespace's thread (an http.Client would dial from
 // another goroutine, in the host's namespace).
 func getFrom(t *testing.T, r, addr string) (string, error) {
 	t.Helper()
+	addr, path, _ := strings.Cut(addr, "/")
 	var conn net.Conn
 	var err error
 	inNetns(t, r, func() { conn, err = net.DialTimeout("tcp", addr, 3*time.Second) })
@@ -161,8 +164,8 @@ func getFrom(t *testing.T, r, addr string) (string, error) {
 		return "", err
 	}
 	defer func() { _ = conn.Close() }()
-	_ = conn.SetDeadline(time.Now().Add(3 * time.Second))
-	if _, err := fmt.Fprintf(conn, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", addr); err != nil {
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprintf(conn, "GET /%s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
 		return "", err
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
@@ -226,8 +229,8 @@ func has(list []string, s string) bool {
 }
 
 // TestNetwork: a sandbox created in a netns owns eth0's address there
-// (an httpd in the guest answers from the router namespace; S's eth0 has
-// no address left); two fork children, in namespaces of their own with the
+// (an httpd in the guest answers from the router namespace, 2 MiB go
+// either way intact; S's eth0 has no address left); two fork children, in namespaces of their own with the
 // same address, answer with the parent's page (one restored into a fresh
 // QEMU, one into a fork-pool QEMU) and reach the gateway at once; no tap
 // is ever on the host, and a killed or deleted QEMU leaves none in S.
@@ -271,6 +274,28 @@ func TestNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitGet(t, pn.r, url, "parent")
+	// Large segments (the guest's TSO, through the tap's vnet header).
+	if _, code := run(t, c, "dd", "if=/dev/urandom", "of=/www/big", "bs=1024", "count=2048"); code != 0 {
+		t.Fatal("writing a 2 MiB file")
+	}
+	want, _ := run(t, c, "md5sum", "/www/big")
+	if big, err := getFrom(t, pn.r, url+"/big"); err != nil || len(big) != 2<<20 || fmt.Sprintf("%x  /www/big\n", md5.Sum([]byte(big))) != want {
+		t.Errorf("GET /big from S: %d bytes, %v; want 2 MiB with md5 %q", len(big), err, want)
+	}
+	// And the other way: the guest downloads 2 MiB from the router.
+	blob := make([]byte, 2<<20)
+	_, _ = rand.Read(blob)
+	var bl net.Listener
+	inNetns(t, pn.r, func() { bl, err = net.Listen("tcp", gw+":9001") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write(blob) })}
+	go func() { _ = srv.Serve(bl) }()
+	defer func() { _ = srv.Close() }()
+	if got, _ := run(t, c, "sh", "-c", "wget -q -O- http://"+gw+":9001/ | md5sum"); got != fmt.Sprintf("%x  -\n", md5.Sum(blob)) {
+		t.Errorf("guest download of 2 MiB: md5 %q, want %x", got, md5.Sum(blob))
+	}
 	if has(linkNames(t, ""), tapIf) {
 		t.Errorf("a %s on the host", tapIf)
 	}
