@@ -364,12 +364,6 @@ func (d *Daemon) Fork(ctx context.Context, ref string, req *v1.ForkRequest) (*v1
 		return nil, fmt.Errorf("forking sandbox %s: %w", rec.ID, err)
 	}
 	defer os.RemoveAll(dir)
-	if req.Ports == nil {
-		// The first child's network and engine sandbox do not depend on
-		// the capture: without a spare ready, make one while the source
-		// is captured rather than after.
-		d.refillSpare(rec)
-	}
 	cp, err := d.checkpointLocked(octx, rec, eng, f, dir)
 	if err != nil {
 		d.metrics.ObserveOp("fork", rec.Engine, time.Since(start), err)
@@ -377,7 +371,6 @@ func (d *Daemon) Fork(ctx context.Context, ref string, req *v1.ForkRequest) (*v1
 	}
 	unlock()
 	locked = false
-	d.waitSpare(octx, rec.ID)
 
 	children, err := d.spawnChildren(octx, childSpec{
 		engine: eng, forker: f, from: dir, parent: rec.ID,
