@@ -209,24 +209,43 @@ func (e *Engine) remove(ctx context.Context, cid, dir string) error {
 // command knows about. The cgroup is unique to this engine root and ID, so
 // whatever is in it is this sandbox's.
 func (e *Engine) killCgroup(ctx context.Context, id string) {
-	procs := filepath.Join("/sys/fs/cgroup", "pids", e.cgroupsPath(id), "cgroup.procs")
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		b, err := os.ReadFile(procs)
-		if err != nil || len(strings.TrimSpace(string(b))) == 0 {
+		pids := e.cgroupPIDs(id)
+		if len(pids) == 0 {
 			return
 		}
-		for _, f := range strings.Fields(string(b)) {
-			if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
-			e.log.Warn("processes left in the sandbox's cgroup", "sandbox", id, "pids", strings.Fields(string(b)))
+			e.log.Warn("processes left in the sandbox's cgroup", "sandbox", id, "pids", pids)
 			return
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// cgroupPIDs lists the processes in container cid's cgroup (the pids
+// hierarchy of cgroup v1, else the unified one).
+func (e *Engine) cgroupPIDs(cid string) []int {
+	var b []byte
+	for _, p := range []string{
+		filepath.Join("/sys/fs/cgroup", "pids", e.cgroupsPath(cid), "cgroup.procs"),
+		filepath.Join("/sys/fs/cgroup", e.cgroupsPath(cid), "cgroup.procs"),
+	} {
+		var err error
+		if b, err = os.ReadFile(p); err == nil {
+			break
+		}
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if pid, err := strconv.Atoi(f); err == nil && pid > 1 {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
 }
 
 // cgroupControllers are the v1 hierarchies runsc puts a sandbox in.
