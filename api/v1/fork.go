@@ -49,7 +49,7 @@ type Snapshot struct {
 	Resources     Resources `json:"resources"`
 	Created       time.Time `json:"created"`
 	SizeBytes     int64     `json:"size_bytes"`
-	Checksum      string    `json:"checksum"` // sha256 over the capture's files
+	Checksum      string    `json:"checksum"` // over the capture's files: "sha256-chunked:<hex>" (older snapshots: "sha256:<hex>")
 	SourcePauseNS int64     `json:"source_pause_ns"`
 	// Network and Ports are the sandbox's at capture time: a restore gets
 	// the same policy and in-sandbox address, and the ports on free host

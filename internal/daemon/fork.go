@@ -2,12 +2,9 @@ package daemon
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -391,43 +388,6 @@ func (d *Daemon) snapshotDir(name string) string {
 	return filepath.Join(d.cfg.StateDir, "snapshots", name)
 }
 
-// checksumDir returns the sha256 over every regular file under dir (its
-// relative path, size and content, in path order) and their total size.
-func checksumDir(dir string) (string, int64, error) {
-	var paths []string
-	err := filepath.WalkDir(dir, func(p string, de fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		if de.Type().IsRegular() {
-			paths = append(paths, p)
-		}
-		return nil
-	})
-	if err != nil {
-		return "", 0, err
-	}
-	sort.Strings(paths)
-	h := sha256.New()
-	var total int64
-	for _, p := range paths {
-		rel, _ := filepath.Rel(dir, p)
-		f, err := os.Open(p)
-		if err != nil {
-			return "", 0, err
-		}
-		fi, _ := f.Stat()
-		fmt.Fprintf(h, "%s\x00%d\x00", rel, fi.Size())
-		n, err := io.Copy(h, f)
-		f.Close()
-		if err != nil {
-			return "", 0, err
-		}
-		total += n
-	}
-	return "sha256:" + hex.EncodeToString(h.Sum(nil)), total, nil
-}
-
 func snapshotAPI(s *store.Snapshot) *v1.Snapshot {
 	net, ports := apiNetwork(s.Network)
 	return &v1.Snapshot{
@@ -570,11 +530,11 @@ func (d *Daemon) DeleteSnapshot(ctx context.Context, name string) error {
 
 // verifySnapshot checks that the snapshot's files match its checksum.
 func (d *Daemon) verifySnapshot(sn *store.Snapshot) error {
-	sum, _, err := checksumDir(filepath.Join(d.snapshotDir(sn.Name), "capture"))
+	sum, ok, err := verifyChecksum(filepath.Join(d.snapshotDir(sn.Name), "capture"), sn.Checksum)
 	if err != nil {
 		return fmt.Errorf("snapshot %q is unreadable: %v: %w", sn.Name, err, errdefs.ErrFailedPrecondition) //nolint:errorlint // classified by the sentinel alone: err's own class must not leak
 	}
-	if sum != sn.Checksum {
+	if !ok {
 		return fmt.Errorf("snapshot %q is corrupted: checksum %s, recorded %s: %w", sn.Name, sum, sn.Checksum, errdefs.ErrFailedPrecondition)
 	}
 	return nil

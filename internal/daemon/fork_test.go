@@ -130,7 +130,7 @@ func TestSnapshots(t *testing.T) {
 
 	var sn v1.Snapshot
 	code, e := h.do("POST", "/v1/sandboxes/src/snapshots", v1.SnapshotRequest{Name: "s1"}, &sn)
-	if code != http.StatusCreated || sn.Name != "s1" || sn.Sandbox != src.ID || sn.SandboxName != "src" || !strings.HasPrefix(sn.Checksum, "sha256:") || sn.SizeBytes == 0 || sn.EngineVersion != "test-1" {
+	if code != http.StatusCreated || sn.Name != "s1" || sn.Sandbox != src.ID || sn.SandboxName != "src" || !strings.HasPrefix(sn.Checksum, checksumPrefix) || sn.SizeBytes == 0 || sn.EngineVersion != "test-1" {
 		t.Fatalf("snapshot = %d %+v %+v", code, sn, e)
 	}
 	if _, err := os.Stat(filepath.Join(cfg.StateDir, "snapshots", "s1", "manifest.json")); err != nil {

@@ -67,7 +67,7 @@ func (s *Server) forkRoutes(mux *http.ServeMux) {
 		sn := &v1.Snapshot{Name: req.Name, Sandbox: sb.ID, SandboxName: sb.Name, Parent: sb.Parent,
 			Engine: sb.Engine, EngineVersion: Version, Image: sb.Image, ImageID: sb.ImageID,
 			Env: sb.Env, Resources: sb.Resources, Created: time.Now().UTC(), SizeBytes: size,
-			Checksum: fmt.Sprintf("sha256:%064x", len(s.snapshots)+1), SourcePauseNS: 100,
+			Checksum: fmt.Sprintf("sha256-chunked:%064x", len(s.snapshots)+1), SourcePauseNS: 100,
 			Network: sb.Network, Ports: sb.Ports}
 		s.snapshots[req.Name] = sn
 		s.snapFiles[req.Name] = files
