@@ -12,6 +12,7 @@ import (
 	"github.com/vishvananda/netlink"
 
 	v1 "github.com/k7-dev/k7/api/v1"
+	"github.com/k7-dev/k7/internal/budget"
 )
 
 // TestQEMUEndToEnd drives the qemu engine (TCG here) from the CLI: create,
@@ -213,106 +214,16 @@ func TestQEMUNetwork(t *testing.T) {
 	})
 }
 
-// TestQEMUNetworkCost logs what networking adds to a qemu create and fork:
-// policy none against isolated, interleaved, median and range, end to end
-// and as the engine's own "attach tap" step (from k7d's debug log). It
-// asserts nothing about time.
+// TestQEMUNetworkCost checks the daemon's network setup step and the qemu
+// engine's "attach tap" step against their budgets and logs what
+// networking adds to a qemu create and fork (networkCost).
 func TestQEMUNetworkCost(t *testing.T) {
 	if testing.Short() {
 		t.Skip("measurement; skipped with -short")
 	}
 	d := startDaemon(t, "gvisor", "qemu")
-	ctx := context.Background()
-	const n = 3 // TCG boots take seconds: a few runs
-	policies := []string{"none", "isolated"}
-	var report []string
-	for _, op := range []string{"create", "fork"} {
-		parents := map[string]string{}
-		if op == "fork" {
-			for _, policy := range policies {
-				sb, err := d.client.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "busybox", Engine: "qemu", Network: policy})
-				if err != nil {
-					t.Fatal(err)
-				}
-				parents[policy] = sb.ID
-			}
-		}
-		wall := map[string][]time.Duration{}
-		ids := map[string][]string{}
-		for i := range n + 1 { // the first round warms up
-			for _, policy := range policies {
-				start := time.Now()
-				var id string
-				if op == "create" {
-					sb, err := d.client.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "busybox", Engine: "qemu", Network: policy})
-					if err != nil {
-						t.Fatal(err)
-					}
-					id = sb.ID
-				} else {
-					res, err := d.client.ForkSandbox(ctx, parents[policy], v1.ForkRequest{Count: 1})
-					if err != nil {
-						t.Fatal(err)
-					}
-					id = res.Children[0].Sandbox.ID
-				}
-				took := time.Since(start)
-				if _, err := d.client.DeleteSandbox(ctx, id, false); err != nil {
-					t.Fatal(err)
-				}
-				if i > 0 {
-					wall[policy] = append(wall[policy], took)
-					ids[policy] = append(ids[policy], id)
-				}
-			}
-		}
-		attach := engineSteps(t, d.logPath, "attach tap")
-		med := map[string]time.Duration{}
-		for _, policy := range policies {
-			med[policy] = median(wall[policy])
-			report = append(report, fmt.Sprintf("%-6s %-8s end to end %s", op, policy, summary(wall[policy])))
-			var ds []time.Duration
-			for _, id := range ids[policy] {
-				if v, ok := attach[id]; ok {
-					ds = append(ds, v)
-				}
-			}
-			if len(ds) > 0 {
-				report = append(report, fmt.Sprintf("%-6s %-8s step attach tap %s", op, policy, summary(ds)))
-			}
-		}
-		report = append(report, fmt.Sprintf("%-6s added by networking, end to end (median isolated - none): %.1f ms",
-			op, ms(med["isolated"]-med["none"])))
-	}
-	t.Logf("qemu networking cost:\n%s", strings.Join(report, "\n"))
+	steps := networkCost(t, d, "qemu", 3, "network", "attach tap") // TCG boots take seconds: a few runs
+	budget.Check(t, "qemu", budget.NetworkSetup, steps["network"])
+	budget.Check(t, "qemu", budget.TapAttach, steps["attach tap"])
 }
 
-// engineSteps reads the qemu engine's `msg="start step" step="NAME"` lines
-// of a k7d debug log into sandbox ID -> duration.
-func engineSteps(t *testing.T, path, name string) map[string]time.Duration {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[string]time.Duration{}
-	for _, line := range strings.Split(string(b), "\n") {
-		if !strings.Contains(line, `msg="start step"`) || !strings.Contains(line, `step="`+name+`"`) {
-			continue
-		}
-		var id string
-		var took time.Duration
-		for _, f := range strings.Fields(line) {
-			k, v, _ := strings.Cut(f, "=")
-			switch k {
-			case "sandbox":
-				id = v
-			case "took":
-				took, _ = time.ParseDuration(v)
-			}
-		}
-		if id != "" {
-			out[id] = took
-		}
-	}
-	return out
-}

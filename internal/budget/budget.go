@@ -30,7 +30,9 @@ const (
 	FanOut10      Op = "fanout_10"    // fork -n 10 → all children answered
 	SourcePause   Op = "source_pause" // how long the source is paused by a fork
 	Snapshot      Op = "snapshot"
-	Restore       Op = "restore" // snapshot restore → child answered
+	Restore       Op = "restore"       // snapshot restore → child answered
+	NetworkSetup  Op = "network_setup" // k7d's network step of a create or fork child (namespaces, veths, nftables)
+	TapAttach     Op = "tap_attach"    // qemu: moving the guest's tap into the sandbox netns and wiring it
 )
 
 // Budget is the latency expectation for one operation of one engine.
@@ -60,6 +62,10 @@ var table = []Budget{
 	{"gvisor", SourcePause, 80 * ms, 160 * ms},
 	{"gvisor", Snapshot, 140 * ms, 300 * ms},
 	{"gvisor", Restore, 430 * ms, 900 * ms},
+	// The target for networking's added cost is 30 ms.
+	{"gvisor", NetworkSetup, 15 * ms, 30 * ms},
+	{"qemu", NetworkSetup, 15 * ms, 30 * ms},
+	{"qemu", TapAttach, 20 * ms, 40 * ms},
 }
 
 // Lookup returns the budget of op on engine.
