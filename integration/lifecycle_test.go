@@ -326,46 +326,57 @@ func TestBadInput(t *testing.T) {
 	}
 }
 
-// TestLatencyBudgets checks the daemon-side latency of the lifecycle against
-// internal/budget (median of several samples) and prints the figures.
+// TestLatencyBudgets checks the daemon-side latency of the lifecycle on
+// each engine against internal/budget (median of several samples) and
+// prints the figures.
 func TestLatencyBudgets(t *testing.T) {
-	d := startDaemon(t)
-	ctx := context.Background()
-	const reps = 5
-	var create, execs, pause, resume []time.Duration
-	for range reps {
-		sb, err := d.client.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "busybox"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		res, err := d.client.Run(ctx, sb.ID, v1.ExecRequest{Args: []string{"true"}})
-		if err != nil {
-			t.Fatal(err)
-		}
-		create = append(create, time.Duration(sb.LatencyNS+res.LatencyNS))
-		for range 5 {
-			res, err := d.client.Run(ctx, sb.ID, v1.ExecRequest{Args: []string{"true"}})
-			if err != nil {
-				t.Fatal(err)
+	for _, tc := range []struct {
+		engine string
+		reps   int
+	}{{"gvisor", 5}, {"qemu", 3}} { // qemu: TCG boots take seconds
+		t.Run(tc.engine, func(t *testing.T) {
+			engines := []string{"gvisor"}
+			if tc.engine != "gvisor" {
+				engines = append(engines, tc.engine)
 			}
-			execs = append(execs, time.Duration(res.LatencyNS))
-		}
-		p, err := d.client.PauseSandbox(ctx, sb.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		pause = append(pause, time.Duration(p.LatencyNS))
-		r, err := d.client.ResumeSandbox(ctx, sb.ID)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resume = append(resume, time.Duration(r.LatencyNS))
-		if _, err := d.client.DeleteSandbox(ctx, sb.ID, true); err != nil {
-			t.Fatal(err)
-		}
+			d := startDaemon(t, engines...)
+			ctx := context.Background()
+			var create, execs, pause, resume []time.Duration
+			for range tc.reps {
+				sb, err := d.client.CreateSandbox(ctx, v1.CreateSandboxRequest{Image: "busybox", Engine: tc.engine})
+				if err != nil {
+					t.Fatal(err)
+				}
+				res, err := d.client.Run(ctx, sb.ID, v1.ExecRequest{Args: []string{"true"}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				create = append(create, time.Duration(sb.LatencyNS+res.LatencyNS))
+				for range 5 {
+					res, err := d.client.Run(ctx, sb.ID, v1.ExecRequest{Args: []string{"true"}})
+					if err != nil {
+						t.Fatal(err)
+					}
+					execs = append(execs, time.Duration(res.LatencyNS))
+				}
+				p, err := d.client.PauseSandbox(ctx, sb.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				pause = append(pause, time.Duration(p.LatencyNS))
+				r, err := d.client.ResumeSandbox(ctx, sb.ID)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resume = append(resume, time.Duration(r.LatencyNS))
+				if _, err := d.client.DeleteSandbox(ctx, sb.ID, true); err != nil {
+					t.Fatal(err)
+				}
+			}
+			budget.Check(t, tc.engine, budget.CreateToExec, create)
+			budget.Check(t, tc.engine, budget.ExecRoundTrip, execs)
+			budget.Check(t, tc.engine, budget.Pause, pause)
+			budget.Check(t, tc.engine, budget.Resume, resume)
+		})
 	}
-	budget.Check(t, "gvisor", budget.CreateToExec, create)
-	budget.Check(t, "gvisor", budget.ExecRoundTrip, execs)
-	budget.Check(t, "gvisor", budget.Pause, pause)
-	budget.Check(t, "gvisor", budget.Resume, resume)
 }

@@ -226,4 +226,3 @@ func TestQEMUNetworkCost(t *testing.T) {
 	budget.Check(t, "qemu", budget.NetworkSetup, steps["network"])
 	budget.Check(t, "qemu", budget.TapAttach, steps["attach tap"])
 }
-

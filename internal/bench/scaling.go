@@ -3,6 +3,7 @@ package bench
 import (
 	"context"
 	"fmt"
+	"strings"
 	"time"
 
 	v1 "github.com/k7-dev/k7/api/v1"
@@ -86,15 +87,21 @@ func Scaling(ctx context.Context, cfg ScalingConfig) (*Report, error) {
 		}
 		for _, size := range cfg.SizesMiB {
 			cfg.Progress("%s: fork with %d MiB in use", engine, size)
-			sb, err := create(int64(size+256) << 20)
+			// A VM guest's /tmp is a tmpfs of half its RAM: twice the
+			// size, plus room for the system.
+			sb, err := create(int64(2*size+256) << 20)
 			if err != nil {
 				cleanup()
 				return r, err
 			}
-			fill := fmt.Sprintf("dd if=/dev/urandom of=/tmp/fill bs=1M count=%d 2>/dev/null", size)
-			if res, err := c.Run(ctx, sb.ID, v1.ExecRequest{Args: []string{"sh", "-c", fill}}); err != nil || res.ExitCode != 0 {
+			fill := fmt.Sprintf("dd if=/dev/urandom of=/tmp/fill bs=1M count=%d", size)
+			res, err := c.Run(ctx, sb.ID, v1.ExecRequest{Args: []string{"sh", "-c", fill}})
+			if err == nil && res.ExitCode != 0 {
+				err = fmt.Errorf("exit code %d: %s", res.ExitCode, strings.TrimSpace(string(res.Stderr)))
+			}
+			if err != nil {
 				cleanup()
-				return r, fmt.Errorf("filling %d MiB: %v %v", size, res, err) //nolint:errorlint // err is nil when the command failed with an exit code
+				return r, fmt.Errorf("filling %d MiB: %w", size, err)
 			}
 			for rep := range cfg.Reps {
 				d, child, err := fork(sb.ID)

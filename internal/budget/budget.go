@@ -64,6 +64,20 @@ var table = []Budget{
 	{"gvisor", Restore, 430 * ms, 900 * ms},
 	// The issue's target for networking's added cost is 30 ms.
 	{"gvisor", NetworkSetup, 15 * ms, 30 * ms},
+
+	// qemu under TCG (no usable KVM on this machine kind), guests with the
+	// default network: `k7 bench lifecycle --engine qemu --reps 3`.
+	{"qemu", CreateToExec, 2600 * ms, 5200 * ms},
+	{"qemu", ExecRoundTrip, 12 * ms, 25 * ms},
+	{"qemu", Pause, 5 * ms, 10 * ms},
+	{"qemu", Resume, 4 * ms, 10 * ms},
+	{"qemu", Delete, 90 * ms, 200 * ms},
+	{"qemu", ForkIdle, 480 * ms, 1000 * ms},
+	{"qemu", Fork256M, 880 * ms, 1800 * ms},
+	{"qemu", FanOut10, 4600 * ms, 9200 * ms},
+	{"qemu", SourcePause, 82 * ms, 165 * ms},
+	{"qemu", Snapshot, 340 * ms, 700 * ms},
+	{"qemu", Restore, 830 * ms, 1700 * ms},
 	{"qemu", NetworkSetup, 15 * ms, 30 * ms},
 	{"qemu", TapAttach, 20 * ms, 40 * ms},
 }
