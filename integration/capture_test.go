@@ -113,7 +113,7 @@ func bindPacket(ifName string) (int, error) {
 		unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &tv),
 		unix.Bind(fd, &unix.SockaddrLinklayer{Protocol: htons(unix.ETH_P_ALL), Ifindex: ifi.Index}),
 	); err != nil {
-		unix.Close(fd)
+		_ = unix.Close(fd)
 		return -1, fmt.Errorf("setting up AF_PACKET socket on %s: %w", ifName, err)
 	}
 	return fd, nil
@@ -149,7 +149,7 @@ func (c *capture) stop() {
 		if st, err := unix.GetsockoptTpacketStats(c.fd, unix.SOL_PACKET, unix.PACKET_STATISTICS); err == nil {
 			c.drops = st.Drops
 		}
-		unix.Close(c.fd)
+		_ = unix.Close(c.fd)
 	})
 }
 

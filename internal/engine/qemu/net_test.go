@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -177,17 +178,20 @@ func getFrom(t *testing.T, r, addr string) (string, error) {
 	return string(b), err
 }
 
-// waitGet polls http://addr/ from r until it serves want.
-func waitGet(t *testing.T, r, url, want string) {
+// guestAddr is where the test guests' httpd listens (their inner address).
+const guestAddr = "10.77.0.2:8080"
+
+// waitGet polls http://guestAddr/ from r until it serves want.
+func waitGet(t *testing.T, r, want string) {
 	t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
-		got, err := getFrom(t, r, url)
+		got, err := getFrom(t, r, guestAddr)
 		if err == nil && got == want {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("GET http://%s/ from %s = %q, %v; want %q", url, r, got, err, want)
+			t.Fatalf("GET http://%s/ from %s = %q, %v; want %q", guestAddr, r, got, err, want)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -219,15 +223,6 @@ func linkNames(t *testing.T, name string) []string {
 	return out
 }
 
-func has(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
-}
-
 // TestNetwork: a sandbox created in a netns owns eth0's address there
 // (an httpd in the guest answers from the router namespace, 2 MiB go
 // either way intact; S's eth0 has no address left); two fork children, in namespaces of their own with the
@@ -249,7 +244,6 @@ func TestNetwork(t *testing.T) {
 	}
 	ctx := context.Background()
 	const addr, gw = "10.77.0.2/24", "10.77.0.1"
-	url := "10.77.0.2:8080"
 	pn := newSandboxNet(t, addr, gw)
 	t0 := time.Now()
 	if err := e.Create(ctx, &engine.CreateRequest{ID: "net", Rootfs: rootfs, Netns: pn.path()}); err != nil {
@@ -273,13 +267,13 @@ func TestNetwork(t *testing.T) {
 	if _, err := c.Exec(ctx, &client.ExecRequest{Args: []string{"httpd", "-f", "-p", "8080", "-h", "/www"}, Detach: true}, client.Stdio{}); err != nil {
 		t.Fatal(err)
 	}
-	waitGet(t, pn.r, url, "parent")
+	waitGet(t, pn.r, "parent")
 	// Large segments (the guest's TSO, through the tap's vnet header).
 	if _, code := run(t, c, "dd", "if=/dev/urandom", "of=/www/big", "bs=1024", "count=2048"); code != 0 {
 		t.Fatal("writing a 2 MiB file")
 	}
 	want, _ := run(t, c, "md5sum", "/www/big")
-	if big, err := getFrom(t, pn.r, url+"/big"); err != nil || len(big) != 2<<20 || fmt.Sprintf("%x  /www/big\n", md5.Sum([]byte(big))) != want {
+	if big, err := getFrom(t, pn.r, guestAddr+"/big"); err != nil || len(big) != 2<<20 || fmt.Sprintf("%x  /www/big\n", md5.Sum([]byte(big))) != want {
 		t.Errorf("GET /big from S: %d bytes, %v; want 2 MiB with md5 %q", len(big), err, want)
 	}
 	// And the other way: the guest downloads 2 MiB from the router.
@@ -296,10 +290,10 @@ func TestNetwork(t *testing.T) {
 	if got, _ := run(t, c, "sh", "-c", "wget -q -O- http://"+gw+":9001/ | md5sum"); got != fmt.Sprintf("%x  -\n", md5.Sum(blob)) {
 		t.Errorf("guest download of 2 MiB: md5 %q, want %x", got, md5.Sum(blob))
 	}
-	if has(linkNames(t, ""), tapIf) {
+	if slices.Contains(linkNames(t, ""), tapIf) {
 		t.Errorf("a %s on the host", tapIf)
 	}
-	if got := linkNames(t, pn.s); !has(got, tapIf) {
+	if got := linkNames(t, pn.s); !slices.Contains(got, tapIf) {
 		t.Errorf("links in S: %v, want %s there", got, tapIf)
 	}
 	if n, err := readNetns(pn.path()); err == nil || !errors.Is(err, errdefs.ErrInvalidArgument) {
@@ -334,7 +328,7 @@ func TestNetwork(t *testing.T) {
 		if i == 1 && e.poolLen() != 0 {
 			t.Errorf("%s did not take the fork-pool QEMU", id)
 		}
-		waitGet(t, kn.r, url, "parent")
+		waitGet(t, kn.r, "parent")
 		// The guest reaches out to its gateway, right away.
 		got := make(chan struct{}, 1)
 		var l net.Listener
@@ -362,10 +356,10 @@ func TestNetwork(t *testing.T) {
 		kidClients = append(kidClients, kc)
 	}
 	run(t, kidClients[0], "sh", "-c", "printf kid0 > /www/index.html")
-	waitGet(t, kids[0].r, url, "kid0")
-	waitGet(t, kids[1].r, url, "parent")
-	waitGet(t, pn.r, url, "parent")
-	if has(linkNames(t, ""), tapIf) {
+	waitGet(t, kids[0].r, "kid0")
+	waitGet(t, kids[1].r, "parent")
+	waitGet(t, pn.r, "parent")
+	if slices.Contains(linkNames(t, ""), tapIf) {
 		t.Errorf("a %s on the host", tapIf)
 	}
 
@@ -373,7 +367,7 @@ func TestNetwork(t *testing.T) {
 	if err := e.Delete(ctx, "netkid1"); err != nil {
 		t.Fatal(err)
 	}
-	if got := linkNames(t, kids[1].s); has(got, tapIf) {
+	if got := linkNames(t, kids[1].s); slices.Contains(got, tapIf) {
 		t.Errorf("links in S after Delete: %v", got)
 	}
 	st, err := e.readState("netkid0")
@@ -382,7 +376,7 @@ func TestNetwork(t *testing.T) {
 	}
 	_ = syscall.Kill(st.PID, syscall.SIGKILL)
 	deadline := time.Now().Add(10 * time.Second)
-	for has(linkNames(t, kids[0].s), tapIf) {
+	for slices.Contains(linkNames(t, kids[0].s), tapIf) {
 		if time.Now().After(deadline) {
 			t.Fatalf("%s still in S 10s after QEMU was killed", tapIf)
 		}
