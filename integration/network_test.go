@@ -129,7 +129,39 @@ func TestNetworkPublishedPortsAndFork(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	children := strings.Fields(d.must("fork", "-q", "-n", "2", "web"))
+	children := d.forkServes(psb, "parent page", 5*time.Second, func(c string, csb v1.Sandbox) {
+		if h := d.execOut(c, "cat", "/etc/hosts"); !strings.Contains(h, "\t"+csb.Name) {
+			t.Errorf("child %s /etc/hosts = %q, want its own name %s", c, h, csb.Name)
+		}
+	})
+
+	// A restarted daemon re-opens the published ports.
+	d.stop()
+	if _, err := httpGet(psb.Ports[0].HostPort); err == nil {
+		t.Errorf("published port answers while k7d is stopped")
+	}
+	d.start()
+	waitPage(t, psb.Ports[0].HostPort, "parent page", 10*time.Second)
+
+	// Removing a sandbox closes its port.
+	port := d.inspect(children[1]).Ports[0].HostPort
+	d.must("rm", "-f", children[1])
+	if _, err := httpGet(port); err == nil {
+		t.Errorf("port %d still answers after k7 rm", port)
+	}
+}
+
+// forkServes forks psb, which serves page on its published port 8080 with
+// an httpd in /www, into two children and checks each: the parent's inner
+// address, an outer address of its own, 8080 published on a host port of
+// its own that serves page right after the fork (the parent's listener
+// listens in the child), then check. Then the children diverge: child 0
+// serves a page of its own, child 1 and the parent still serve page. It
+// returns the children's IDs; wait bounds each wait for a page.
+func (d *daemon) forkServes(psb v1.Sandbox, page string, wait time.Duration, check func(c string, csb v1.Sandbox)) []string {
+	t := d.t
+	t.Helper()
+	children := strings.Fields(d.must("fork", "-q", "-n", "2", psb.ID))
 	if len(children) != 2 {
 		t.Fatalf("fork -q -n 2 printed %v, want 2 IDs", children)
 	}
@@ -146,32 +178,14 @@ func TestNetworkPublishedPortsAndFork(t *testing.T) {
 			t.Fatalf("child %s ports %+v, want 8080 on a host port of its own", c, csb.Ports)
 		}
 		seen[csb.Ports[0].HostPort] = true
-		// The parent's listener listens in the child right after the fork.
-		waitPage(t, csb.Ports[0].HostPort, "parent page", 5*time.Second)
-		if h := d.execOut(c, "cat", "/etc/hosts"); !strings.Contains(h, "\t"+csb.Name) {
-			t.Errorf("child %s /etc/hosts = %q, want its own name %s", c, h, csb.Name)
-		}
+		waitPage(t, csb.Ports[0].HostPort, page, wait)
+		check(c, csb)
 	}
-	// Children diverge: each serves its own page now.
 	d.execOut(children[0], "sh", "-c", "printf child0 > /www/index.html")
-	waitPage(t, d.inspect(children[0]).Ports[0].HostPort, "child0", 5*time.Second)
-	waitPage(t, d.inspect(children[1]).Ports[0].HostPort, "parent page", 5*time.Second)
-	waitPage(t, psb.Ports[0].HostPort, "parent page", 5*time.Second)
-
-	// A restarted daemon re-opens the published ports.
-	d.stop()
-	if _, err := httpGet(psb.Ports[0].HostPort); err == nil {
-		t.Errorf("published port answers while k7d is stopped")
-	}
-	d.start()
-	waitPage(t, psb.Ports[0].HostPort, "parent page", 10*time.Second)
-
-	// Removing a sandbox closes its port.
-	port := d.inspect(children[1]).Ports[0].HostPort
-	d.must("rm", "-f", children[1])
-	if _, err := httpGet(port); err == nil {
-		t.Errorf("port %d still answers after k7 rm", port)
-	}
+	waitPage(t, d.inspect(children[0]).Ports[0].HostPort, "child0", wait)
+	waitPage(t, d.inspect(children[1]).Ports[0].HostPort, page, wait)
+	waitPage(t, psb.Ports[0].HostPort, page, wait)
+	return children
 }
 
 // TestNetworkIsolation: an isolated sandbox reaches neither another

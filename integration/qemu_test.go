@@ -147,29 +147,11 @@ func TestQEMUNetwork(t *testing.T) {
 	d.startHttpd(vm, "vm page")
 	waitPage(t, psb.Ports[0].HostPort, "vm page", 20*time.Second)
 
-	children := strings.Fields(d.must("fork", "-q", "-n", "2", "web"))
-	if len(children) != 2 {
-		t.Fatalf("fork -q -n 2 printed %v, want 2 IDs", children)
-	}
-	seen := map[int]bool{psb.Ports[0].HostPort: true}
-	for _, c := range children {
-		csb := d.inspect(c)
-		if csb.Network == nil || csb.Network.Address != psb.Network.Address {
-			t.Errorf("child %s network %+v, want the parent's address %s", c, csb.Network, psb.Network.Address)
-		}
-		if len(csb.Ports) != 1 || csb.Ports[0].Port != 8080 || seen[csb.Ports[0].HostPort] {
-			t.Fatalf("child %s ports %+v, want 8080 on a host port of its own", c, csb.Ports)
-		}
-		seen[csb.Ports[0].HostPort] = true
-		waitPage(t, csb.Ports[0].HostPort, "vm page", 10*time.Second)
+	children := d.forkServes(psb, "vm page", 10*time.Second, func(c string, _ v1.Sandbox) {
 		if got := guestAddr(c); got != psb.Network.Address {
 			t.Errorf("child %s guest eth0 has %q, want the parent's %s", c, got, psb.Network.Address)
 		}
-	}
-	d.execOut(children[0], "sh", "-c", "printf child0 > /www/index.html")
-	waitPage(t, d.inspect(children[0]).Ports[0].HostPort, "child0", 10*time.Second)
-	waitPage(t, d.inspect(children[1]).Ports[0].HostPort, "vm page", 10*time.Second)
-	waitPage(t, psb.Ports[0].HostPort, "vm page", 10*time.Second)
+	})
 
 	// Isolation, with a positive control on the same wget.
 	tn := newTestNetns(t, "198.18.78.1/29", "198.18.78.2/29", "198.18.78.3/29")
