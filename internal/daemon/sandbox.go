@@ -362,6 +362,14 @@ func (d *Daemon) deleteLocked(sb *sandbox, rec *store.Sandbox, force bool) error
 	sb.setAgent(nil)
 	octx, cancel := d.opContext()
 	defer cancel()
+	// Its spare (spare.go) goes at the same time; one started meanwhile
+	// goes after the record.
+	spares := make(chan struct{})
+	go func() {
+		defer close(spares)
+		d.dropSpares(rec.ID)
+	}()
+	defer func() { <-spares }()
 	if eng, err := d.engine(rec.Engine); err != nil {
 		if !force {
 			return fmt.Errorf("deleting sandbox %s: %w", rec.ID, err)
@@ -376,6 +384,7 @@ func (d *Daemon) deleteLocked(sb *sandbox, rec *store.Sandbox, force bool) error
 	if err := d.store.DeleteSandbox(rec.ID, true); err != nil {
 		return err
 	}
+	<-spares
 	d.dropSpares(rec.ID)
 	d.forget(rec.ID)
 	log.Info("sandbox deleted", "name", rec.Name)
