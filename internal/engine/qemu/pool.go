@@ -171,9 +171,11 @@ func (e *Engine) claim(ctx context.Context, q *qmp, st *vmState) error {
 	return err
 }
 
-// Close stops the fork pool's idle processes. Sandboxes keep running. The
-// Engine must not be used for Restore after.
+// Close stops the fork pool's idle processes and closes the kept QMP
+// connections. Sandboxes keep running. The Engine must not be used for
+// Restore after.
 func (e *Engine) Close() error {
+	e.mons.closeAll()
 	p := e.pool
 	p.mu.Lock()
 	idle := p.idle

@@ -107,6 +107,7 @@ type Engine struct {
 	rootHash string // distinguishes this Root's files in ShmDir
 
 	pool *forkPool
+	mons monitors // kept QMP connections (monitor.go)
 
 	mu    sync.Mutex
 	locks map[string]*sync.Mutex // per sandbox and per disk image

@@ -214,6 +214,25 @@ func TestBootExec(t *testing.T) {
 	}
 	pauseResume(t, e, c, "b1")
 
+	// Pause, resume and status share one kept QMP connection; Delete
+	// closes it.
+	kept := func() *qmp {
+		m := e.mons.get("b1")
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.q
+	}
+	q := kept()
+	if q == nil {
+		t.Fatal("no QMP connection kept after pause and resume")
+	}
+	if _, err := e.Status(context.Background(), "b1"); err != nil {
+		t.Fatal(err)
+	}
+	if kept() != q {
+		t.Errorf("Status dialed QMP again instead of using the kept connection")
+	}
+
 	lr, err := e.Logs(context.Background(), "b1")
 	if err != nil {
 		t.Fatal(err)
@@ -221,6 +240,15 @@ func TestBootExec(t *testing.T) {
 	logb, _ := readAllClose(lr)
 	if !bytes.Contains(logb, []byte("k7-vminit: starting agent")) {
 		t.Errorf("console log lacks vminit line:\n%s", logb)
+	}
+	if err := e.Delete(context.Background(), "b1"); err != nil {
+		t.Fatal(err)
+	}
+	e.mons.mu.Lock()
+	_, left := e.mons.m["b1"]
+	e.mons.mu.Unlock()
+	if left {
+		t.Errorf("a QMP connection is kept for the deleted sandbox")
 	}
 }
 
@@ -233,10 +261,16 @@ func TestReattach(t *testing.T) {
 	c := connect(t, e, "r1")
 	run(t, c, "sh", "-c", "echo before > /tmp/x")
 	_ = c.Close()
+	// The first daemon goes away: its QMP connections close (QEMU's
+	// monitor serves one client at a time).
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
 	e2, err := New(e.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = e2.Close() })
 	if st, err := e2.Status(ctx, "r1"); err != nil || st.State != engine.StateRunning {
 		t.Fatalf("Status after restart = %+v, %v", st, err)
 	}

@@ -11,8 +11,8 @@ import (
 )
 
 // qmp is a minimal QEMU Machine Protocol client over a unix socket. QEMU's
-// monitor serves one client at a time, so the engine dials per operation
-// and closes after. Not safe for concurrent commands.
+// monitor serves one client at a time (monitor.go keeps one per sandbox).
+// Not safe for concurrent commands.
 type qmp struct {
 	conn net.Conn
 	r    *bufio.Reader
@@ -37,6 +37,11 @@ type qmpReply struct {
 	QMP   json.RawMessage `json:"QMP"`
 }
 
+// qmpGreetTimeout bounds the wait for QEMU's greeting: QEMU greets a new
+// client at once unless another client holds its monitor, and then says
+// nothing until that one leaves.
+const qmpGreetTimeout = 5 * time.Second
+
 // dialQMP connects to sock, reads the greeting and negotiates capabilities.
 func dialQMP(ctx context.Context, sock string) (*qmp, error) {
 	var d net.Dialer
@@ -45,8 +50,13 @@ func dialQMP(ctx context.Context, sock string) (*qmp, error) {
 		return nil, fmt.Errorf("dialing QMP: %w", err)
 	}
 	q := &qmp{conn: conn, r: bufio.NewReader(conn)}
-	if _, err := q.read(ctx); err != nil { // greeting
+	gctx, cancel := context.WithTimeout(ctx, qmpGreetTimeout)
+	defer cancel()
+	if _, err := q.read(gctx); err != nil {
 		_ = conn.Close()
+		if ctx.Err() == nil && gctx.Err() != nil {
+			return nil, fmt.Errorf("QEMU's monitor did not greet within %v (another client holds it)", qmpGreetTimeout)
+		}
 		return nil, fmt.Errorf("reading QMP greeting: %w", err)
 	}
 	if _, err := q.Execute(ctx, "qmp_capabilities", nil); err != nil {
@@ -57,6 +67,13 @@ func dialQMP(ctx context.Context, sock string) (*qmp, error) {
 }
 
 func (q *qmp) Close() error { return q.conn.Close() }
+
+// dropEvents forgets the events received so far.
+func (q *qmp) dropEvents() {
+	q.mu.Lock()
+	q.events = nil
+	q.mu.Unlock()
+}
 
 func (q *qmp) read(ctx context.Context) (*qmpReply, error) {
 	if dl, ok := ctx.Deadline(); ok {

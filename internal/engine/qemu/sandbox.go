@@ -118,7 +118,12 @@ func (e *Engine) start(ctx context.Context, st *vmState, log interface {
 	if err != nil {
 		return err
 	}
-	defer func() { _ = q.Close() }()
+	kept := false
+	defer func() {
+		if !kept {
+			_ = q.Close()
+		}
+	}()
 	if pooled != nil {
 		if err := e.claim(ctx, q, st); err != nil {
 			return fmt.Errorf("claiming a fork-pool QEMU: %w", err)
@@ -172,6 +177,7 @@ func (e *Engine) start(ctx context.Context, st *vmState, log interface {
 		return err
 	}
 	pending.Store(dir, conn)
+	kept = e.mons.keep(st, q)
 	return nil
 }
 
@@ -261,23 +267,6 @@ func (e *Engine) state(id string) (*vmState, error) {
 		return nil, fmt.Errorf("sandbox %q: %w", id, errdefs.ErrNotFound)
 	}
 	return st, err
-}
-
-// monitor runs fn with a QMP connection to id's QEMU.
-func (e *Engine) monitor(ctx context.Context, id string, fn func(*qmp, *vmState) error) error {
-	st, err := e.state(id)
-	if err != nil {
-		return err
-	}
-	if !alive(st) {
-		return fmt.Errorf("sandbox %q: QEMU is not running: %w", id, errdefs.ErrFailedPrecondition)
-	}
-	q, err := dialQMP(ctx, st.qmpSock())
-	if err != nil {
-		return err
-	}
-	defer func() { _ = q.Close() }()
-	return fn(q, st)
 }
 
 // Pause stops the guest's vCPUs (QMP stop).
@@ -441,6 +430,7 @@ func (e *Engine) Delete(ctx context.Context, id string) error {
 		return err
 	}
 	defer e.lock(id)()
+	defer e.mons.drop(id)
 	dir := e.dir(id)
 	if c, ok := pending.LoadAndDelete(dir); ok {
 		_ = c.(net.Conn).Close()

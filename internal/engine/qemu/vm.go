@@ -312,6 +312,7 @@ func (e *Engine) kill(ctx context.Context, st *vmState) {
 	if !alive(st) {
 		return
 	}
+	e.mons.drop(st.ID) // QEMU answers one client at a time
 	qctx, cancel := context.WithTimeout(ctx, 500*time.Millisecond)
 	if q, err := dialQMP(qctx, st.qmpSock()); err == nil {
 		_, _ = q.Execute(qctx, "quit", nil)
