@@ -659,8 +659,8 @@ func TestConfigValidate(t *testing.T) {
 
 // TestCleanupRefusesUnavailableEngine: --cleanup deletes the sandboxes of
 // every engine that left files, enabled or not; one that cannot run (here
-// gvisor without runsc) cannot, so its files are kept and the cleanup
-// fails naming it, instead of orphaning its sandboxes.
+// gvisor without runsc) cannot, so while it has sandboxes its files are
+// kept and the cleanup fails naming it, instead of orphaning them.
 func TestCleanupRefusesUnavailableEngine(t *testing.T) {
 	cfg := testConfig(t, t.TempDir())
 	cfg.Cleanup = true
@@ -676,9 +676,27 @@ func TestCleanupRefusesUnavailableEngine(t *testing.T) {
 	if _, err := os.Stat(left); err != nil {
 		t.Errorf("the unavailable engine's files were removed: %v", err)
 	}
+	// The same for a container of its fork pool.
+	pooled := filepath.Join(engineRoot(cfg.StateDir, "gvisor"), "pool", "k7pool0123")
+	if err := os.MkdirAll(pooled, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(left); err != nil {
+		t.Fatal(err)
+	}
+	if err := Run(context.Background(), cfg, Options{Images: testImages{}}); err == nil {
+		t.Fatalf("cleanup with a pool container of unavailable gvisor succeeded, want an error")
+	}
+	if err := os.RemoveAll(filepath.Dir(pooled)); err != nil {
+		t.Fatal(err)
+	}
 
-	// Without them the same cleanup succeeds and empties the state dir.
-	if err := os.RemoveAll(engineRoot(cfg.StateDir, "gvisor")); err != nil {
+	// Without sandboxes (files it made for itself may stay) the same
+	// cleanup succeeds and empties the state dir.
+	if err := os.RemoveAll(filepath.Dir(left)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(filepath.Join(engineRoot(cfg.StateDir, "gvisor"), "runsc"), 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := Run(context.Background(), cfg, Options{Images: testImages{}}); err != nil {

@@ -216,9 +216,10 @@ func (d *Daemon) CleanupAll(ctx context.Context) error {
 	d.closeSpares()
 	var errs []error
 	for _, in := range d.info {
-		// An engine that cannot run cannot delete its sandboxes either:
-		// removing its files would orphan them.
-		if root := engineRoot(d.cfg.StateDir, in.Name); !in.Available && dirExists(root) {
+		// An engine that cannot run cannot delete its sandboxes (or its
+		// pool's) either: removing their files would orphan them.
+		root := engineRoot(d.cfg.StateDir, in.Name)
+		if !in.Available && (hasEntries(filepath.Join(root, "sandboxes")) || hasEntries(filepath.Join(root, "pool"))) {
 			errs = append(errs, fmt.Errorf("engine %s is unavailable (%s): its sandboxes under %s cannot be deleted; fix that and run the cleanup again", in.Name, in.Reason, root))
 		}
 	}
@@ -277,4 +278,10 @@ func (d *Daemon) CleanupAll(ctx context.Context) error {
 func dirExists(path string) bool {
 	fi, err := os.Stat(path)
 	return err == nil && fi.IsDir()
+}
+
+// hasEntries reports whether dir is a directory with something in it.
+func hasEntries(dir string) bool {
+	ents, err := os.ReadDir(dir)
+	return err == nil && len(ents) > 0
 }
